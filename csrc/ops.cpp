@@ -1,0 +1,44 @@
+// The one place where every vmfdist operator schema is declared.
+//
+// Backends register kernels for these schemas in their own translation units:
+//   csrc/cpu/*_cpu.cpp    TORCH_LIBRARY_IMPL(vmfdist, CPU, m)
+//   csrc/cuda/*_cuda.cu   TORCH_LIBRARY_IMPL(vmfdist, CUDA, m)
+// Fake (meta) kernels and autograd formulas are registered in Python
+// (vmfdist/ops.py), following pytorch/extension-cpp.
+#include <Python.h>
+#include <torch/library.h>
+
+extern "C" {
+// Importing vmfdist._C from Python runs the static registrations below.
+PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+}
+
+TORCH_LIBRARY(vmfdist, m) {
+  // ---- Bessel special functions (elementwise, broadcasting; float32/float64) ----
+  // R = I_nu(z) / I_{nu-1}(z), or 1 - R when complement is true.
+  m.def("bessel_iv_ratio(Tensor nu, Tensor z, bool complement=False) -> Tensor");
+  // dR/dz (the derivative of the ratio itself, whatever `complement` the caller used).
+  m.def("bessel_iv_ratio_grad(Tensor nu, Tensor z) -> Tensor");
+  // log I_nu(z), or log I_nu(z) - z when scaled is true.
+  m.def("log_bessel_iv(Tensor nu, Tensor z, bool scaled=False) -> Tensor");
+  // d/dz of log_bessel_iv (same `scaled` convention).
+  m.def("log_bessel_iv_grad(Tensor nu, Tensor z, bool scaled=False) -> Tensor");
+  // Ruiz-Antolin--Segura bounds on R (theorem 4 or 5) -> (lower, upper).
+  m.def("bessel_iv_ratio_bounds(Tensor nu, Tensor z, int theorem=5) -> (Tensor, Tensor)");
+  // The papers' approximation (B2 + B0) / 2 of R.
+  m.def("bessel_iv_ratio_approx(Tensor nu, Tensor z) -> Tensor");
+  // The papers' two-branch approximation of log I_nu(z) (eq. 44).
+  m.def("log_bessel_iv_asymptotic(Tensor nu, Tensor z) -> Tensor");
+  // The papers' log-ratio series (eq. 45).
+  m.def("log_bessel_iv_series(Tensor nu, Tensor z) -> Tensor");
+
+  // ---- Counter-based randomness (Philox4x32-10, csrc/include/vmfdist/philox.h) ----
+  // Raw Philox4x32 blocks: counter (n, 4) and key (n, 2) hold uint32 values in int64.
+  m.def("philox4x32(Tensor counter, Tensor key, int rounds=10) -> Tensor");
+  // Uniform (0, 1) / standard normal variates, element i drawn from (seed, offset, i).
+  m.def("philox_uniform(SymInt[] size, int seed, int offset, *, ScalarType dtype, Device device) -> Tensor");
+  m.def("philox_normal(SymInt[] size, int seed, int offset, *, ScalarType dtype, Device device) -> Tensor");
+}

@@ -1,0 +1,13 @@
+"""vmfdist: directional and structured distributions for PyTorch.
+
+Layers (data flows downward, nothing imports upward):
+
+* :mod:`vmfdist.special`  -- Bessel ratios, log-Bessel functions, bounds, approximations
+* :mod:`vmfdist.ops`      -- the compiled operators (``torch.ops.vmfdist``) with their
+  fake kernels and autograd formulas
+* ``vmfdist._C``          -- the C++/CUDA extension (csrc/)
+"""
+from . import ops, special  # noqa: F401  (ops registers fake kernels and autograd)
+
+__version__ = "0.1.0"
+__all__ = ["ops", "special", "__version__"]

@@ -1,0 +1,119 @@
+"""The compiled operators of vmfdist, with fake (meta) kernels and autograd.
+
+Every operator is declared once in ``csrc/ops.cpp`` (namespace ``vmfdist``) and
+implemented by ``csrc/cpu/*_cpu.cpp`` and ``csrc/cuda/*_cuda.cu``.  This module
+loads the extension, registers a fake kernel for each operator (so they work
+under ``torch.compile`` and with meta tensors) and the autograd formulas.
+Public, user-facing wrappers live in :mod:`vmfdist.special`.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _C  # noqa: F401  (loading the library runs the TORCH_LIBRARY registrations)
+
+__all__ = ["vmf"]
+
+vmf = torch.ops.vmfdist
+
+
+# ----------------------------------------------------------------------------
+# fake kernels
+def _binary_result(nu: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    dt = torch.result_type(nu, z)
+    if not dt.is_floating_point:
+        dt = torch.get_default_dtype()
+    shape = torch.broadcast_shapes(nu.shape, z.shape)
+    return nu.new_empty(shape, dtype=dt)
+
+
+@torch.library.register_fake("vmfdist::bessel_iv_ratio")
+def _(nu, z, complement=False):
+    return _binary_result(nu, z)
+
+
+@torch.library.register_fake("vmfdist::bessel_iv_ratio_grad")
+def _(nu, z):
+    return _binary_result(nu, z)
+
+
+@torch.library.register_fake("vmfdist::log_bessel_iv")
+def _(nu, z, scaled=False):
+    return _binary_result(nu, z)
+
+
+@torch.library.register_fake("vmfdist::log_bessel_iv_grad")
+def _(nu, z, scaled=False):
+    return _binary_result(nu, z)
+
+
+@torch.library.register_fake("vmfdist::bessel_iv_ratio_bounds")
+def _(nu, z, theorem=5):
+    return _binary_result(nu, z), _binary_result(nu, z)
+
+
+for _name in ("bessel_iv_ratio_approx", "log_bessel_iv_asymptotic", "log_bessel_iv_series"):
+    torch.library.register_fake(f"vmfdist::{_name}")(lambda nu, z: _binary_result(nu, z))
+
+
+# ----------------------------------------------------------------------------
+# autograd: derivatives w.r.t. z.  The order nu is not differentiable.
+def _sum_to(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Reduce a broadcast gradient back to the shape (and dtype) of ``like``."""
+    if grad.shape != like.shape:
+        lead = grad.dim() - like.dim()
+        if lead > 0:
+            grad = grad.sum(dim=tuple(range(lead)))
+        dims = tuple(i for i, s in enumerate(like.shape) if s == 1 and grad.shape[i] != 1)
+        if dims:
+            grad = grad.sum(dim=dims, keepdim=True)
+    return grad.to(like.dtype) if like.is_floating_point() else grad
+
+
+def _no_nu_grad(ctx, name: str) -> None:
+    if ctx.needs_input_grad[0]:
+        raise RuntimeError(f"{name}: the order nu is not differentiable; pass a tensor that does not require grad")
+
+
+def _save_nu_z(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], inputs[1])
+    ctx.flag = inputs[2] if len(inputs) > 2 else None
+
+
+def _ratio_backward(ctx, grad):
+    _no_nu_grad(ctx, "bessel_iv_ratio")
+    nu, z = ctx.saved_tensors
+    g = vmf.bessel_iv_ratio_grad(nu, z)
+    if ctx.flag:  # complement: d(1 - R)/dz = -dR/dz
+        g = -g
+    return None, _sum_to(grad * g, z), None
+
+
+def _ratio_grad_backward(ctx, grad):
+    # R'' = d/dz (1 - R^2 - (2nu - 1) R / z) = -2 R R' - (2nu - 1) (R' / z - R / z^2)
+    _no_nu_grad(ctx, "bessel_iv_ratio_grad")
+    nu, z = ctx.saved_tensors
+    r = vmf.bessel_iv_ratio(nu, z, False)
+    dr = vmf.bessel_iv_ratio_grad(nu, z)
+    d2 = -2.0 * r * dr - (2.0 * nu - 1.0) * (dr / z - r / (z * z))
+    return None, _sum_to(grad * d2, z)
+
+
+def _log_iv_backward(ctx, grad):
+    _no_nu_grad(ctx, "log_bessel_iv")
+    nu, z = ctx.saved_tensors
+    return None, _sum_to(grad * vmf.log_bessel_iv_grad(nu, z, bool(ctx.flag)), z), None
+
+
+def _log_iv_grad_backward(ctx, grad):
+    # d^2/dz^2 log I_nu(z) = R'_{nu+1}(z) - nu / z^2 (the same for the scaled form)
+    _no_nu_grad(ctx, "log_bessel_iv_grad")
+    nu, z = ctx.saved_tensors
+    d2 = vmf.bessel_iv_ratio_grad(nu + 1.0, z) - nu / (z * z)
+    return None, _sum_to(grad * d2, z), None
+
+
+torch.library.register_autograd("vmfdist::bessel_iv_ratio", _ratio_backward, setup_context=_save_nu_z)
+torch.library.register_autograd("vmfdist::bessel_iv_ratio_grad", _ratio_grad_backward, setup_context=_save_nu_z)
+torch.library.register_autograd("vmfdist::log_bessel_iv", _log_iv_backward, setup_context=_save_nu_z)
+torch.library.register_autograd("vmfdist::log_bessel_iv_grad", _log_iv_grad_backward, setup_context=_save_nu_z)
