@@ -47,14 +47,14 @@ def extensions():
     use_cuda = _use_cuda()
     sources = ["csrc/ops.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
     include_dirs = [os.path.join(ROOT, "csrc", "include")]
-    cxx = ["-O3", "-std=c++17", "-fno-math-errno", "-ffp-contract=off"]
+    cxx = ["-O3", "-std=c++20", "-fno-math-errno", "-ffp-contract=off"]
     extra = {"cxx": cxx}
     define_macros = [("Py_LIMITED_API", "0x03090000")]
     if use_cuda:
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0+PTX")
         sources += sorted(glob.glob("csrc/cuda/*.cu"))
         include_dirs += _nvidia_include_dirs()
-        extra["nvcc"] = ["-O3", "-std=c++17", "--fmad=false", "--expt-relaxed-constexpr"]
+        extra["nvcc"] = ["-O3", "-std=c++20", "--fmad=false", "--expt-relaxed-constexpr"]
         ext_cls = ce.CUDAExtension
         define_macros.append(("VMFDIST_WITH_CUDA", None))
     else:
