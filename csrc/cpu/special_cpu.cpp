@@ -19,7 +19,7 @@ at::Tensor unary_out_cpu(const at::Tensor& nu_in, const at::Tensor& z_in, const 
   auto [nu, z] = prepare_binary(nu_in, z_in, op);
   at::Tensor out = at::empty_like(nu);
   const int64_t n = nu.numel();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, nu.scalar_type(), op, [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, nu.scalar_type(), "vmfdist_special", [&] {
     const scalar_t* pn = nu.const_data_ptr<scalar_t>();
     const scalar_t* pz = z.const_data_ptr<scalar_t>();
     scalar_t* po = out.mutable_data_ptr<scalar_t>();

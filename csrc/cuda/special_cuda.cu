@@ -48,7 +48,7 @@ at::Tensor unary_out_cuda(const at::Tensor& nu_in, const at::Tensor& z_in, const
   at::Tensor out = at::empty_like(nu);
   const int64_t n = nu.numel();
   if (n == 0) return out;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, nu.scalar_type(), op, [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, nu.scalar_type(), "vmfdist_special", [&] {
     binary_kernel<scalar_t><<<blocks_for(n), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
         nu.const_data_ptr<scalar_t>(), z.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), n, fn);
   });
