@@ -16,9 +16,10 @@
 //    with h = nu - f_{nu+1} from the same fraction (again folded so nothing cancels
 //    except at the true zero of the derivative).  dR/dz by forward-mode dual numbers
 //    through the fraction.
-//  * log I: Olver's uniform expansion (DLMF 10.41.3) for nu >= 12, with the large
+//  * log I: Olver's uniform expansion (DLMF 10.41.3) for nu >= 20 (and for
+//    12 <= nu < 20 when z > nu), with the large
 //    terms sqrt(nu^2+z^2) + nu log(z/(nu+sqrt(nu^2+z^2))) in double-double; for
-//    nu < 12 the power series in double-double (z below a threshold) or Hankel's
+//    smaller nu the power series in double-double (z below a threshold) or Hankel's
 //    expansion (z above it).
 #pragma once
 
@@ -250,7 +251,7 @@ VMF_INLINE DD log_iv_hankel(double nu, double z, bool scaled) {
   return scaled ? r : r + z;
 }
 
-// Olver's uniform asymptotic expansion for nu >= 12 (all z > 0):
+// Olver's uniform asymptotic expansion (see kOlverMinOrder for where it is used):
 //   log I_nu(z) = A + nu log(z / (nu + A)) - log(2 pi A)/2 + log sum_k u_k(p)/nu^k,
 // with A = sqrt(nu^2 + z^2), p = nu / A.  For scaled, A - z = nu^2 / (A + z).
 VMF_INLINE DD log_iv_olver(double nu, double z, bool scaled) {
@@ -265,7 +266,7 @@ VMF_INLINE DD log_iv_olver(double nu, double z, bool scaled) {
   double pk = 1.0, ik = 1.0, s = 0.0;
   for (int k = 1; k <= olver::kTerms; ++k) {
     ik *= inv;
-    if (olver::kMaxAbsU[k] * ik < 0x1p-66) break;
+    if (olver::kMaxAbsU[k] * ik < 0x1p-62) break;
     pk *= p * inv;
     double poly = olver::kU[k][k];
     for (int j = k - 1; j >= 0; --j) poly = poly * p2 + olver::kU[k][j];
@@ -275,7 +276,14 @@ VMF_INLINE DD log_iv_olver(double nu, double z, bool scaled) {
   return lead_term + log_q * nu - half_log + ::log1p(s);
 }
 
-constexpr double kOlverMinOrder = 12.0;
+// Olver's expansion is used for nu >= kOlverMinOrder everywhere, and for
+// kOlverLowOrder <= nu < kOlverMinOrder when z > nu.  Below that the Debye
+// polynomials are evaluated too close to p = 1, where their large alternating
+// coefficients cancel (the error of u_k(p) in float64 is ~ sum|coef| * eps, which
+// divided by nu^k is harmless for nu >= 20 but not at nu = 12), and the power
+// series converges quickly there instead.
+constexpr double kOlverMinOrder = 20.0;
+constexpr double kOlverLowOrder = 12.0;
 
 VMF_INLINE double hankel_threshold(double nu) { return nu < 8.0 ? 25.0 : 50.0; }
 
@@ -288,7 +296,7 @@ VMF_INLINE double log_iv(double nu, double z, bool scaled) {
   if (z == 0.0) return nu == 0.0 ? 0.0 : -INFINITY;
   if (is_inf(z)) return scaled ? -INFINITY : INFINITY;
   DD r;
-  if (nu >= kOlverMinOrder) {
+  if (nu >= kOlverMinOrder || (nu >= kOlverLowOrder && z > nu)) {
     r = log_iv_olver(nu, z, scaled);
   } else if (z <= hankel_threshold(nu)) {
     r = log_iv_series(nu, z);
