@@ -98,10 +98,10 @@ struct Fraction {
   T f() const { return head + rest; }
 };
 
-template <class T>
-VMF_INLINE Fraction<T> perron(double mu, T z) {
+template <class T, class M = double>
+VMF_INLINE Fraction<T> perron(M mu, T z) {
   const double tol = tolerance<T>();
-  const T two_mu = T(2.0 * mu);
+  const T two_mu = T(mu * 2.0);
   // b_1 = 2(mu + z) + 1, t_1 = -(2mu+1) z / b_1.
   T b_prev = (two_mu + z * 2.0) + 1.0;
   T t = -(two_mu + 1.0) * z / b_prev;
@@ -131,13 +131,14 @@ VMF_INLINE Fraction<T> perron(double mu, T z) {
 
 // (mu - 1) - f_mu for the same fraction, without cancelling head against 2mu.
 template <class T>
-VMF_INLINE T perron_shifted(double mu, T z, const Fraction<T>& fr) {
+VMF_INLINE T perron_shifted(T mu, T z, const Fraction<T>& fr) {
   T p;
+  T c = (mu * 2.0 + 1.0) * (mu + 1.0);
   if (lead(z) <= 1.0) {
-    p = ((2.0 * mu + 1.0) * (mu + 1.0) + z) / ((T(2.0 * mu) + z * 2.0) + 1.0);
+    p = (c + z) / ((mu * 2.0 + z * 2.0) + 1.0);
   } else {
     T iz = 1.0 / z;
-    p = ((2.0 * mu + 1.0) * (mu + 1.0) * iz + 1.0) / ((2.0 * mu + 1.0) * iz + 2.0);
+    p = (c * iz + 1.0) / ((mu * 2.0 + 1.0) * iz + 2.0);
   }
   return -p - fr.rest;
 }
@@ -196,9 +197,18 @@ VMF_INLINE double log_iv_grad(double nu, double z, bool scaled) {
   Fraction<double> fr = perron<double>(mu, z);
   double f = fr.head + fr.rest;
   double zf = z + f;
-  if (!scaled) return z / zf + nu / z;
+  if (!scaled) return z / zf + nu / z;  // both terms positive
   double h = perron_shifted<double>(mu, z, fr);  // nu - f_{nu+1}
-  return h / zf + (nu / z) * (f / zf);
+  double a = h / zf, b = (nu / z) * (f / zf);
+  if (::fabs(a + b) >= 0.25 * (::fabs(a) + ::fabs(b))) return a + b;
+  // The scaled derivative has a zero (the maximum of I_nu(z) e^{-z}); near it the two
+  // terms cancel, so redo the sum in double-double with the exact order nu + 1.
+  DD mu_dd = dd::two_sum(nu, 1.0);
+  Fraction<DD> frd = perron<DD, DD>(mu_dd, DD(z));
+  DD fd = frd.f();
+  DD zfd = fd + z;
+  DD hd = perron_shifted<DD>(mu_dd, DD(z), frd);
+  return dd::to_double(hd / zfd + (DD(nu) / z) * (fd / zfd));
 }
 
 // ---------------------------------------------------------------------------
