@@ -12,9 +12,14 @@ import torch
 
 from . import _C  # noqa: F401  (loading the library runs the TORCH_LIBRARY registrations)
 
-__all__ = ["vmf"]
+__all__ = ["vmf", "has_cuda_kernels"]
 
 vmf = torch.ops.vmfdist
+
+
+def has_cuda_kernels() -> bool:
+    """Whether this build of the extension registered CUDA kernels."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key("vmfdist::log_bessel_iv", "CUDA")
 
 
 # ----------------------------------------------------------------------------
