@@ -49,7 +49,7 @@ def extensions():
     include_dirs = [os.path.join(ROOT, "csrc", "include")]
     cxx = ["-O3", "-std=c++20", "-fno-math-errno", "-ffp-contract=off"]
     extra = {"cxx": cxx}
-    define_macros = [("Py_LIMITED_API", "0x03090000")]
+    define_macros = []
     if use_cuda:
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0+PTX")
         sources += sorted(glob.glob("csrc/cuda/*.cu"))
