@@ -8,6 +8,9 @@
 * determinism across thread counts, torch.Generator semantics, opcheck, errors.
 """
 import math
+import os
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -382,3 +385,70 @@ def test_cuda_matches_cpu():
     a = philox_uniform(1000, device="cuda", dtype=torch.float64)
     torch.manual_seed(0)
     assert torch.equal(a.cpu(), philox_uniform(1000, device="cpu", dtype=torch.float64))
+
+
+# ----------------------------------------------------------------------------
+# PhiloxStream (multi-draw streams for later samplers): philox.h needs nothing
+# but <cmath>/<cstdint>, so a tiny driver is compiled with the host compiler.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def stream_driver(tmp_path_factory):
+    cxx = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    exe = str(tmp_path_factory.mktemp("philox") / "philox_stream_check")
+    subprocess.run([cxx, "-std=c++17", "-O1", "-ffp-contract=off", "-I", os.path.join(_ROOT, "csrc", "include"),
+                    os.path.join(_ROOT, "tests", "philox_stream_check.cpp"), "-o", exe], check=True)
+    return exe
+
+
+def np_stream_words(seed, offset, index, nblocks):
+    seed %= 2 ** 64
+    ctr = np.array([[j, index & U32, ((index >> 32) & 0xFFFF) | (((offset >> 32) & 0xFFFF) << 16), offset & U32]
+                    for j in range(nblocks)], dtype=np.uint64)
+    key = np.tile(np.array([[seed & U32, seed >> 32]], dtype=np.uint64), (nblocks, 1))
+    return [int(w) for w in np_philox4x32(ctr, key).reshape(-1)]
+
+
+def _u(bits, p):
+    return np_uniform(np.array([[bits & U32, bits >> 32]], dtype=np.uint64), p)[0]
+
+
+def _bm(w):  # Box-Muller pair from four words
+    u1, u2 = _u(w[0] | w[1] << 32, 53), _u(w[2] | w[3] << 32, 53)
+    r = math.sqrt(-2 * math.log(u1))
+    return r * math.cos(2 * math.pi * u2), r * math.sin(2 * math.pi * u2)
+
+
+@pytest.mark.parametrize("seed,offset,index", [(0, 0, 0), (2 ** 64 - 1, 2 ** 48 - 1, 2 ** 48 - 1),
+                                               (123456789, 5, 2 ** 33 + 17)])
+def test_stream_draw_sequence(stream_driver, seed, offset, index):
+    out = subprocess.run([stream_driver, str(seed), str(offset), str(index)], check=True, capture_output=True,
+                         text=True).stdout.split("\n")
+    got = [line.split() for line in out if line]
+    w = np_stream_words(seed, offset, index, 5)
+    # 1. raw words cross block boundaries in order
+    assert [int(v) for k, v in got[:14]] == w[:14]
+    assert got[14] == ["used", "14"]
+    # 2. mixed draws, word by word (a normal pair takes four words, unaligned here)
+    rest = got[15:]
+    z0, z1 = _bm(w[6:10])
+    z2, _ = _bm(w[10:14])
+    z3, _ = _bm(w[15:19])
+    expected = [("u32", w[0]), ("u64", w[1] | w[2] << 32), ("f24", _u(w[3], 24)), ("f53", _u(w[4] | w[5] << 32, 53)),
+                ("n", z0),          # a new pair from words 6..9
+                ("n", z1),          # its second variate, from the cache
+                ("n", z2),          # a new pair (words 10..13)
+                ("u32", w[14]),     # a raw draw drops the cached variate
+                ("n", z3),          # so this is a new pair (words 15..18)
+                ("f11", _u(w[19], 11)), ("used", 20)]
+    assert [k for k, _ in rest] == [k for k, _ in expected]
+    for (k, v), (_, e) in zip(rest, expected):
+        if k in ("u32", "u64", "used"):
+            assert int(v) == e, k
+        elif k in ("f24", "f53", "f11"):
+            assert float(v) == e, k
+        else:
+            assert float(v) == pytest.approx(e, rel=1e-13, abs=1e-14), k
