@@ -37,7 +37,7 @@
 // ---------------------------------------------------------------------------
 // Uniform and normal variates
 // ---------------------------------------------------------------------------
-// uniform_open<P>(bits) maps random bits to the grid {(2k + 1) / 2^P : 0 <= k < 2^(P-1)},
+// uniform_open_u32<P> / uniform_open_u64<P> map random bits to the grid {(2k + 1) / 2^P : 0 <= k < 2^(P-1)},
 // the midpoints of 2^(P-1) equal cells of [0, 1].  Every grid point is exactly
 // representable in a floating type with a P-bit significand, so the variate is
 // never 0 and never 1 (min 2^-P, max 1 - 2^-P) and the distribution is symmetric
