@@ -183,3 +183,27 @@ def _asymptotic_backward(ctx, grad):
 torch.library.register_autograd("vmfdist::bessel_iv_ratio_bounds", _bounds_backward, setup_context=_bounds_setup)
 torch.library.register_autograd("vmfdist::bessel_iv_ratio_approx", _approx_backward, setup_context=_save_nu_z)
 torch.library.register_autograd("vmfdist::log_bessel_iv_asymptotic", _asymptotic_backward, setup_context=_save_nu_z)
+
+
+# ----------------------------------------------------------------------------
+# counter-based randomness (csrc/include/vmfdist/philox.h); integer or
+# random outputs, so no autograd formulas.
+@torch.library.register_fake("vmfdist::philox4x32")
+def _(counter, key, rounds=10):
+    torch._check(counter.dtype == torch.int64, lambda: f"philox4x32: counter must have dtype int64, got {counter.dtype}")
+    torch._check(key.dtype == torch.int64, lambda: f"philox4x32: key must have dtype int64, got {key.dtype}")
+    torch._check(counter.dim() == 2 and counter.shape[1] == 4,
+                 lambda: f"philox4x32: counter must have shape (n, 4), got {tuple(counter.shape)}")
+    torch._check(key.dim() == 2 and key.shape[1] == 2,
+                 lambda: f"philox4x32: key must have shape (n, 2), got {tuple(key.shape)}")
+    torch._check(counter.shape[0] == key.shape[0],
+                 lambda: "philox4x32: counter and key must have the same number of rows")
+    return counter.new_empty((counter.shape[0], 4))
+
+
+def _philox_factory_fake(size, seed, offset, *, dtype, device):
+    return torch.empty(size, dtype=dtype, device=device)
+
+
+torch.library.register_fake("vmfdist::philox_uniform")(_philox_factory_fake)
+torch.library.register_fake("vmfdist::philox_normal")(_philox_factory_fake)
