@@ -219,6 +219,8 @@ def _log_iv_mp(mu, z, digits, method=None):
     """log I_mu(z) as an mpf, at the *current* working precision, certified to relative
     error 10^-digits of S (absolute error of log I about the same plus rounding)."""
     tol = mpf(10) ** (-digits)
+    if mu < 0 and mu == mpmath.floor(mu):
+        mu = -mu  # I_{-n} = I_n
     if method is None:
         name, (a, s, err) = _choose(mu, z, tol)
     else:
@@ -262,12 +264,12 @@ def _adaptive(fn, digits):
     """Evaluate fn(dps) -> (value, lost) where lost is the number of digits cancelled;
     raise the precision until digits survive."""
     dps = digits + _GUARD
-    for _ in range(8):
+    for _ in range(12):
         with mp.workdps(dps):
             val, lost = fn(dps)
         if dps - lost >= digits + _GUARD - 2:
             return val
-        if math.isinf(lost):  # everything cancelled: at least double the precision
+        if lost >= dps - 5:  # (nearly) everything cancelled: the value is noise; double
             dps = 2 * dps
         else:
             dps = int(max(digits + _GUARD + lost + 10, dps + 10))
@@ -311,7 +313,7 @@ def _ratio_parts(nu, z, dps_rel):
     zz = mpf(z)
     if nu_m == mpf(1) / 2:  # closed form, no cancellation
         e = mpmath.exp(-2 * zz)
-        return (1 - e) / (1 + e), 2 * e / (1 + e), 0.0, 0.0
+        return -mpmath.expm1(-2 * zz) / (1 + e), 2 * e / (1 + e), 0.0, 0.0
     d = _log_iv_mp(nu_m, zz, dps_rel) - _log_iv_mp(nu_m - 1, zz, dps_rel)
     r = mpmath.exp(d)
     c = -mpmath.expm1(d)  # absolute error ~ r 10^-dps_rel
@@ -329,9 +331,10 @@ def _ratio_fn(nu, z, which):
     return fn
 
 
-def ratio(nu, z, digits: int = DIGITS):
-    """R_nu(z) = I_nu(z) / I_{nu-1}(z), nu >= 1/2, z > 0 finite; relative error <= 10^-digits."""
-    nu, z = _check_args(nu, z, 0.5)
+def ratio(nu, z, digits: int = DIGITS, allow_below_half: bool = False):
+    """R_nu(z) = I_nu(z) / I_{nu-1}(z), nu >= 1/2 (nu >= 0 with allow_below_half), z > 0 finite;
+    relative error <= 10^-digits."""
+    nu, z = _check_args(nu, z, 0.0 if allow_below_half else 0.5)
     return _adaptive(_ratio_fn(nu, z, "R"), digits)
 
 
