@@ -54,7 +54,8 @@ def extensions():
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0+PTX")
         sources += sorted(glob.glob("csrc/cuda/*.cu"))
         include_dirs += _nvidia_include_dirs()
-        extra["nvcc"] = ["-O3", "-std=c++20", "--fmad=false", "--expt-relaxed-constexpr"]
+        extra["nvcc"] = ["-O3", "-std=c++20", "--fmad=false", "--expt-relaxed-constexpr",
+                         "-Werror", "cross-execution-space-call"]
         ext_cls = ce.CUDAExtension
         define_macros.append(("VMFDIST_WITH_CUDA", None))
     else:

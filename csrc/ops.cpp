@@ -42,3 +42,39 @@ TORCH_LIBRARY(vmfdist, m) {
   m.def("philox_uniform(SymInt[] size, int seed, int offset, *, ScalarType dtype, Device device) -> Tensor");
   m.def("philox_normal(SymInt[] size, int seed, int offset, *, ScalarType dtype, Device device) -> Tensor");
 }
+
+// ---- Backend selection for the factory ops ----------------------------------
+// philox_uniform and philox_normal have no tensor arguments, so the dispatcher
+// has no backend to read off their inputs.  PyTorch's own factory functions
+// (at::empty, at::rand, ...) solve this with a BackendSelect kernel that turns
+// the (dtype, layout, device) arguments into a dispatch key and redispatches;
+// we do the same.  Each backend then registers an ordinary kernel under its own
+// key (CPU in csrc/cpu/random_cpu.cpp, CUDA in csrc/cuda/random_cuda.cu; Meta
+// is the fake kernel of vmfdist/ops.py), so there is no #ifdef here and an
+// unsupported device gets the dispatcher's usual "no kernel for backend" error.
+// Python modes (FakeTensorMode, torch.compile tracing) sit above BackendSelect
+// and see the call first.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/TensorOptions.h>
+
+namespace {
+
+using PhiloxFactoryFn = at::Tensor(c10::SymIntArrayRef, int64_t, int64_t, at::ScalarType, at::Device);
+
+template <const char* kName>
+at::Tensor philox_factory_backend_select(c10::SymIntArrayRef size, int64_t seed, int64_t offset,
+                                         at::ScalarType dtype, at::Device device) {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(kName, "").typed<PhiloxFactoryFn>();
+  const c10::DispatchKeySet ks(c10::computeDispatchKey(dtype, at::kStrided, device));
+  return op.redispatch(ks, size, seed, offset, dtype, device);
+}
+
+constexpr char kPhiloxUniform[] = "vmfdist::philox_uniform";
+constexpr char kPhiloxNormal[] = "vmfdist::philox_normal";
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(vmfdist, BackendSelect, m) {
+  m.impl("philox_uniform", &philox_factory_backend_select<kPhiloxUniform>);
+  m.impl("philox_normal", &philox_factory_backend_select<kPhiloxNormal>);
+}

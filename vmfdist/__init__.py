@@ -3,11 +3,12 @@
 Layers (data flows downward, nothing imports upward):
 
 * :mod:`vmfdist.special`  -- Bessel ratios, log-Bessel functions, bounds, approximations
+* :mod:`vmfdist.random`   -- counter-based (Philox4x32-10) uniforms and normals
 * :mod:`vmfdist.ops`      -- the compiled operators (``torch.ops.vmfdist``) with their
   fake kernels and autograd formulas
 * ``vmfdist._C``          -- the C++/CUDA extension (csrc/)
 """
-from . import ops, special  # noqa: F401  (ops registers fake kernels and autograd)
+from . import ops, random, special  # noqa: F401  (ops registers fake kernels and autograd)
 
 __version__ = "0.1.0"
-__all__ = ["ops", "special", "__version__"]
+__all__ = ["ops", "random", "special", "__version__"]

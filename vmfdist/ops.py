@@ -122,3 +122,88 @@ torch.library.register_autograd("vmfdist::bessel_iv_ratio", _ratio_backward, set
 torch.library.register_autograd("vmfdist::bessel_iv_ratio_grad", _ratio_grad_backward, setup_context=_save_nu_z)
 torch.library.register_autograd("vmfdist::log_bessel_iv", _log_iv_backward, setup_context=_save_nu_z)
 torch.library.register_autograd("vmfdist::log_bessel_iv_grad", _log_iv_grad_backward, setup_context=_save_nu_z)
+
+
+# ----------------------------------------------------------------------------
+# The papers' bounds and approximations are closed forms; their z-derivatives are
+# written with differentiable torch ops, so higher derivatives follow by autograd.
+def _segura_b_dz(nu, z, alpha):
+    """d/dz of B_alpha(nu, z) = z / (delta + sqrt(delta^2 + z^2)) (theorem 5)."""
+    lam = nu + 0.5 * (alpha - 1.0)
+    h = torch.hypot(lam, z)
+    safe_h = torch.where(h > 0, h, torch.ones_like(h))
+    delta = (nu - 0.5) + torch.where(h > 0, lam / (2.0 * safe_h), torch.zeros_like(h))
+    ddelta = torch.where(h > 0, -lam * z / (2.0 * safe_h**3), torch.zeros_like(h))
+    s = torch.hypot(delta, z)
+    d = delta + s
+    dd_ = ddelta + (delta * ddelta + z) / s
+    return (d - z * dd_) / (d * d)
+
+
+def _thm4_dz(nu, z, a_shift, b_shift):
+    """d/dz of z / (nu + a_shift + sqrt((nu + b_shift)^2 + z^2)) (theorem 4)."""
+    h = torch.hypot(nu + b_shift, z)
+    d = (nu + a_shift) + h
+    return (d - z * z / h) / (d * d)
+
+
+def _bounds_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], inputs[1])
+    ctx.theorem = inputs[2] if len(inputs) > 2 else 5
+
+
+def _bounds_backward(ctx, grad_lo, grad_hi):
+    _no_nu_grad(ctx, "bessel_iv_ratio_bounds")
+    nu, z = ctx.saved_tensors
+    if ctx.theorem == 5:
+        d_lo, d_hi = _segura_b_dz(nu, z, 2.0), _segura_b_dz(nu, z, 0.0)
+    else:
+        d_lo, d_hi = _thm4_dz(nu, z, -0.5, 0.5), _thm4_dz(nu, z, -1.0, 1.0)
+    g = torch.zeros_like(z) if grad_lo is None else grad_lo * d_lo
+    if grad_hi is not None:
+        g = g + grad_hi * d_hi
+    return None, _sum_to(g, z), None
+
+
+def _approx_backward(ctx, grad):
+    _no_nu_grad(ctx, "bessel_iv_ratio_approx")
+    nu, z = ctx.saved_tensors
+    return None, _sum_to(grad * 0.5 * (_segura_b_dz(nu, z, 2.0) + _segura_b_dz(nu, z, 0.0)), z)
+
+
+def _asymptotic_backward(ctx, grad):
+    # eq. (44): nu/z + eta for z < nu, 1 - 1/(2z) otherwise
+    _no_nu_grad(ctx, "log_bessel_iv_asymptotic")
+    nu, z = ctx.saved_tensors
+    eta = (nu + 0.5) / (2.0 * (nu + 1.0))
+    d = torch.where(z < nu, nu / z + eta, 1.0 - 0.5 / z)
+    return None, _sum_to(grad * d, z)
+
+
+torch.library.register_autograd("vmfdist::bessel_iv_ratio_bounds", _bounds_backward, setup_context=_bounds_setup)
+torch.library.register_autograd("vmfdist::bessel_iv_ratio_approx", _approx_backward, setup_context=_save_nu_z)
+torch.library.register_autograd("vmfdist::log_bessel_iv_asymptotic", _asymptotic_backward, setup_context=_save_nu_z)
+
+
+# ----------------------------------------------------------------------------
+# counter-based randomness (csrc/include/vmfdist/philox.h); integer or
+# random outputs, so no autograd formulas.
+@torch.library.register_fake("vmfdist::philox4x32")
+def _(counter, key, rounds=10):
+    torch._check(counter.dtype == torch.int64, lambda: f"philox4x32: counter must have dtype int64, got {counter.dtype}")
+    torch._check(key.dtype == torch.int64, lambda: f"philox4x32: key must have dtype int64, got {key.dtype}")
+    torch._check(counter.dim() == 2 and counter.shape[1] == 4,
+                 lambda: f"philox4x32: counter must have shape (n, 4), got {tuple(counter.shape)}")
+    torch._check(key.dim() == 2 and key.shape[1] == 2,
+                 lambda: f"philox4x32: key must have shape (n, 2), got {tuple(key.shape)}")
+    torch._check(counter.shape[0] == key.shape[0],
+                 lambda: "philox4x32: counter and key must have the same number of rows")
+    return counter.new_empty((counter.shape[0], 4))
+
+
+def _philox_factory_fake(size, seed, offset, *, dtype, device):
+    return torch.empty(size, dtype=dtype, device=device)
+
+
+torch.library.register_fake("vmfdist::philox_uniform")(_philox_factory_fake)
+torch.library.register_fake("vmfdist::philox_normal")(_philox_factory_fake)

@@ -95,7 +95,7 @@ template <class T>
 struct Fraction {
   T head;
   T rest;
-  T f() const { return head + rest; }
+  VMF_HD T f() const { return head + rest; }
 };
 
 template <class T, class M = double>

@@ -1,0 +1,93 @@
+// CUDA kernels for the counter-based random ops: grid-stride loops over the
+// same per-element functors (vmfdist/random_ops.h, over philox.h) that the CPU
+// kernels call, so raw words and uniforms are bit-identical to the CPU results.
+//
+// philox_uniform / philox_normal are factory ops (no tensor inputs); the
+// BackendSelect kernel in csrc/ops.cpp routes them here when device is CUDA.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "vmfdist/random_checks.h"
+#include "vmfdist/random_ops.h"
+
+namespace vmfdist {
+namespace {
+
+constexpr int kThreads = 256;
+
+inline int blocks_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  const int64_t cap = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 32;
+  return static_cast<int>(b < cap ? (b > 0 ? b : 1) : cap);
+}
+
+__global__ void philox4x32_kernel(const int64_t* __restrict__ ctr, const int64_t* __restrict__ key,
+                                  int64_t* __restrict__ out, int64_t n, int rounds) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    philox4x32_row(ctr + 4 * i, key + 2 * i, rounds, out + 4 * i);
+  }
+}
+
+template <class scalar_t, class Fn>
+__global__ void fill_kernel(scalar_t* __restrict__ out, int64_t n, Fn fn) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    out[i] = fn(static_cast<uint64_t>(i));
+  }
+}
+
+at::Tensor philox4x32_cuda(const at::Tensor& counter_in, const at::Tensor& key_in, int64_t rounds) {
+  TORCH_CHECK(counter_in.is_cuda(), "philox4x32: counter must be a CUDA tensor here, got ", counter_in.device());
+  const auto [counter, key] = check_philox4x32_args(counter_in, key_in, rounds);
+  const c10::cuda::CUDAGuard guard(counter.device());
+  const int64_t n = counter.size(0);
+  at::Tensor out = at::empty({n, 4}, counter.options());
+  if (n == 0) return out;
+  philox4x32_kernel<<<blocks_for(n), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+      counter.const_data_ptr<int64_t>(), key.const_data_ptr<int64_t>(), out.mutable_data_ptr<int64_t>(), n,
+      static_cast<int>(rounds));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+template <template <typename> class Fn>
+at::Tensor philox_fill_cuda(const char* op, c10::SymIntArrayRef size_in, int64_t seed, int64_t offset,
+                            at::ScalarType dtype, at::Device device) {
+  const at::IntArrayRef size = C10_AS_INTARRAYREF_SLOW(size_in);
+  check_philox_factory(op, size, offset, dtype);
+  const c10::cuda::CUDAGuard guard(device);
+  at::Tensor out = at::empty(size, at::TensorOptions().dtype(dtype).device(device));
+  const int64_t n = out.numel();
+  if (n == 0) return out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "vmfdist_philox_fill", [&] {
+    const Fn<scalar_t> fn{static_cast<uint64_t>(seed), static_cast<uint64_t>(offset)};
+    fill_kernel<scalar_t><<<blocks_for(n), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        out.mutable_data_ptr<scalar_t>(), n, fn);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+at::Tensor philox_uniform_cuda(c10::SymIntArrayRef size, int64_t seed, int64_t offset, at::ScalarType dtype,
+                               at::Device device) {
+  return philox_fill_cuda<PhiloxUniformFn>("philox_uniform", size, seed, offset, dtype, device);
+}
+
+at::Tensor philox_normal_cuda(c10::SymIntArrayRef size, int64_t seed, int64_t offset, at::ScalarType dtype,
+                              at::Device device) {
+  return philox_fill_cuda<PhiloxNormalFn>("philox_normal", size, seed, offset, dtype, device);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(vmfdist, CUDA, m) {
+  m.impl("philox4x32", &philox4x32_cuda);
+  m.impl("philox_uniform", &philox_uniform_cuda);
+  m.impl("philox_normal", &philox_normal_cuda);
+}
+
+}  // namespace vmfdist

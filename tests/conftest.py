@@ -1,0 +1,34 @@
+"""pytest configuration: ``--slow`` option, RNG state restored after every test."""
+import random
+
+import numpy as np
+import pytest
+import torch
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", default=False, help="also run tests marked slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--slow"):
+        return
+    skip = pytest.mark.skip(reason="slow; run with --slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _restore_rng_state():
+    """Restore every random state a test may touch (like torchvision's conftest)."""
+    py = random.getstate()
+    npy = np.random.get_state()
+    cpu = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    yield
+    random.setstate(py)
+    np.random.set_state(npy)
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
