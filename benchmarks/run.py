@@ -88,6 +88,8 @@ def main(argv=None):
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "quick": args.quick,
         "timing": tkw,
+        "torch_parallel_backend": "OpenMP" if "OpenMP" in torch.__config__.parallel_info() else "native",
+        "extension_calls_openmp": _extension_uses_openmp(),
     }
     if torch.cuda.is_available():
         meta["gpu"] = torch.cuda.get_device_name()
@@ -168,9 +170,12 @@ def main(argv=None):
                                     (list(B.make_benches(torch.device("cpu"))) if args.benches in (["all"], []) else args.benches)):
         profile = run_profile(B, torch, quick=args.quick, tkw=tkw)
 
+    scaling = [] if args.no_profile else run_scaling(B, torch, args.threads, quick=args.quick, tkw=tkw)
+
     meta["load_after"] = os.getloadavg()
     meta["seconds"] = time.time() - t_begin
-    result = {"meta": meta, "rows": rows, "accuracy": acc_rows, "bandwidth": bw_rows, "profile": profile}
+    result = {"meta": meta, "rows": rows, "accuracy": acc_rows, "bandwidth": bw_rows, "profile": profile,
+              "scaling": scaling}
     with open(os.path.join(out_dir, "special.json"), "w") as f:
         json.dump(result, f, indent=1)
     from benchmarks.report import write_markdown, write_plot
@@ -203,6 +208,43 @@ def run_profile(B, torch, quick: bool, tkw):
                 print("profile", fname, rec["nu"], rec["z"],
                       {k: round(v, 1) for k, v in rec["ns_per_elem"].items()}, flush=True)
     return out
+
+
+def run_scaling(B, torch, threads: int, quick: bool, tkw):
+    """Speed-up of ours from 1 to `threads` threads (float64, mixed), with torch.exp as a control.
+
+    A speed-up near 1 for ours while the control scales means at::parallel_for ran
+    serially (e.g. the extension was compiled without -fopenmp while torch uses OpenMP)."""
+    import numpy as np
+
+    n = 100_000 if quick else 1_000_000
+    nu, z = (torch.as_tensor(a) for a in B.make_workload("mixed", n))
+    z = z.clone()
+    cases = [("bessel_iv_ratio", lambda: B.S.bessel_iv_ratio(nu, z)),
+             ("log_bessel_iv", lambda: B.S.log_bessel_iv(nu, z)),
+             ("bessel_iv_ratio_bounds", lambda: B.S.bessel_iv_ratio_bounds(nu, z)),
+             ("torch.exp (control)", lambda: torch.exp(z))]
+    out = []
+    for name, f in cases:
+        t = {}
+        for th in (1, threads):
+            torch.set_num_threads(th)
+            t[th] = B.time_call(lambda _: f(), None, **tkw)["min"]
+        torch.set_num_threads(threads)
+        out.append({"case": name, "n": n, "t1": t[1], "tN": t[threads], "threads": threads, "speedup": t[1] / t[threads]})
+        print("scaling", name, f"{t[1] / t[threads]:.2f}x", flush=True)
+    return out
+
+
+def _extension_uses_openmp() -> str:
+    try:
+        import vmfdist._C as C  # noqa: N812
+
+        with open(C.__file__, "rb") as f:
+            data = f.read()
+        return "yes" if b"GOMP_parallel" in data or b"__kmpc_fork_call" in data else "no"
+    except Exception as e:  # pragma: no cover
+        return f"unknown ({type(e).__name__})"
 
 
 def _print_row(row, bench):
