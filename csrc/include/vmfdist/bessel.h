@@ -84,6 +84,7 @@ template <> VMF_INLINE double tolerance<Dual<double>>() { return 0x1p-55; }
 template <> VMF_INLINE double tolerance<Dual<DD>>() { return 0x1p-106; }
 
 constexpr int kMaxFractionTerms = 20000;
+constexpr double kHugeZ = 0x1p1000;  // above this the ratio functions use their leading asymptotics
 
 // ---------------------------------------------------------------------------
 // Perron's continued fraction for order mu >= 1/2 at 0 < z < inf.
@@ -152,6 +153,8 @@ VMF_INLINE double iv_ratio(double nu, double z, bool complement) {
   if (z == 0.0) return complement ? 1.0 : 0.0;
   if (is_inf(z)) return complement ? 0.0 : 1.0;
   if (nu == 0.5) return complement ? 2.0 / (1.0 + ::exp(2.0 * z)) : ::tanh(z);
+  // Beyond 2^1000 the fraction's 2(nu + z) overflows; there 1 - R = (nu - 1/2)/z to rounding.
+  if (z > kHugeZ) return complement ? (nu - 0.5) / z : 1.0 - (nu - 0.5) / z;
   if (complement && nu < 1.0) {
     Fraction<DD> fr = perron<DD>(nu, DD(z));
     DD f = fr.f();
@@ -172,6 +175,7 @@ VMF_INLINE double iv_ratio_grad(double nu, double z) {
     double c = ::cosh(z);
     return 1.0 / (c * c);
   }
+  if (z > kHugeZ) return ((nu - 0.5) / z) / z;
   double f, df;
   if (nu < 1.0) {
     Fraction<Dual<DD>> fr = perron<Dual<DD>>(nu, Dual<DD>(DD(z), DD(1.0)));
@@ -193,6 +197,7 @@ VMF_INLINE double log_iv_grad(double nu, double z, bool scaled) {
   if (is_inf(nu)) return is_inf(z) ? NAN : INFINITY;
   if (z == 0.0) return nu == 0.0 ? (scaled ? -1.0 : 0.0) : INFINITY;
   if (is_inf(z)) return scaled ? 0.0 : 1.0;
+  if (z > kHugeZ) return scaled ? -0.5 / z : 1.0 + (nu - 0.5) / z;
   const double mu = nu + 1.0;
   Fraction<double> fr = perron<double>(mu, z);
   double f = fr.head + fr.rest;
