@@ -221,8 +221,8 @@ def write_plot(result, path):
             ax.legend(fontsize=6)
     fig.suptitle(f"vmfdist.special vs peers (CPU, {result['meta']['threads']} threads; "
                  "solid float64, dashed float32)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.tight_layout(rect=(0, 0, 1, 0.985))
+    fig.savefig(path, dpi=80)
     plt.close(fig)
 
 
