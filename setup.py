@@ -47,7 +47,7 @@ def extensions():
     use_cuda = _use_cuda()
     sources = ["csrc/ops.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
     include_dirs = [os.path.join(ROOT, "csrc", "include")]
-    cxx = ["-O3", "-std=c++20", "-fno-math-errno", "-ffp-contract=off"]
+    cxx = ["-O3", "-std=c++20", "-fno-math-errno", "-ffp-contract=off", "-fopenmp"]
     extra = {"cxx": cxx}
     define_macros = []
     if use_cuda:
@@ -66,6 +66,8 @@ def extensions():
         include_dirs=include_dirs,
         extra_compile_args=extra,
         define_macros=define_macros,
+        # at::parallel_for is only parallel when the extension itself is built with OpenMP
+        extra_link_args=["-fopenmp"],
         py_limited_api=True,
     )]
 
