@@ -35,6 +35,16 @@ TORCH_LIBRARY(vmfdist, m) {
   // The papers' log-ratio series (eq. 45).
   m.def("log_bessel_iv_series(Tensor nu, Tensor z) -> Tensor");
 
+  // ---- von Mises-Fisher (csrc/include/vmfdist/vmf.h) ----
+  // num_samples draws from vMF(loc[b], concentration[b]) for every batch row b:
+  // returns x (num_samples, batch, d) and 1 - w = 1 - mu^T x (num_samples, batch).
+  // Row r of (num_samples, batch) uses the Philox streams (seed, offset, r) and
+  // (seed, offset + 1, r).
+  m.def("vmf_sample(Tensor loc, Tensor concentration, int num_samples, int seed, int offset) -> (Tensor, Tensor)");
+  // dw/dkappa of the vMF marginal on S^{dim-1} at w = 1 - one_minus_w (implicit
+  // reparameterisation; elementwise, broadcasting).
+  m.def("vmf_marginal_grad(Tensor one_minus_w, Tensor concentration, int dim) -> Tensor");
+
   // ---- Counter-based randomness (Philox4x32-10, csrc/include/vmfdist/philox.h) ----
   // Raw Philox4x32 blocks: counter (n, 4) and key (n, 2) hold uint32 values in int64.
   m.def("philox4x32(Tensor counter, Tensor key, int rounds=10) -> Tensor");

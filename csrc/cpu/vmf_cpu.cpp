@@ -1,0 +1,109 @@
+// CPU kernels for the von Mises-Fisher ops: at::parallel_for over sample rows,
+// each row computed by the host-device math of vmfdist/vmf.h.  A row depends
+// only on (seed, offset, row index), so any thread count gives the same tensor.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <tuple>
+
+#include "vmfdist/tensor_checks.h"
+#include "vmfdist/vmf.h"
+#include "vmfdist/vmf_checks.h"
+
+namespace vmfdist {
+namespace {
+
+// One sample row: marginal, tangent normals written into x[1..d-1], then the
+// reflection applied in place.  mu is normalised on the fly (robust to loc that
+// is unit only to rounding).
+template <class scalar_t>
+void sample_row(const scalar_t* mu, double kappa, int64_t d, uint64_t seed, uint64_t offset, uint64_t row,
+                scalar_t* x, scalar_t* omw_out) {
+  const vmf::Marginal m = vmf::sample_marginal(seed, offset, row, static_cast<double>(d), kappa);
+  // pass 1: normals, |e|^2, mu_rest . e, |mu|^2
+  double ee = 0.0, me = 0.0, mm = static_cast<double>(mu[0]) * static_cast<double>(mu[0]);
+  const int64_t nt = d - 1;
+  double z[4];
+  for (int64_t i = 0; i < nt; i += 4) {
+    vmf::normal4(seed, offset + 1, row, static_cast<uint32_t>(i >> 2), z);
+    const int64_t lim = nt - i < 4 ? nt - i : 4;
+    for (int64_t k = 0; k < lim; ++k) {
+      const scalar_t e = static_cast<scalar_t>(z[k]);
+      const double ed = static_cast<double>(e);
+      const double mi = static_cast<double>(mu[1 + i + k]);
+      x[1 + i + k] = e;
+      ee += ed * ed;
+      me += mi * ed;
+      mm += mi * mi;
+    }
+  }
+  const double inv_mu = 1.0 / std::sqrt(mm);
+  const double scale = std::sqrt(m.omw * m.opw) / std::sqrt(ee);  // y_i = scale e_i
+  const vmf::Reflection r = vmf::reflection(static_cast<double>(mu[0]) * inv_mu);
+  const double sigma = m.w * r.den - r.sgn * scale * me * inv_mu;
+  const double c = sigma / r.den * inv_mu;  // sigma / den, times the normalisation of mu_i
+  x[0] = static_cast<scalar_t>(r.sgn * (m.w - sigma));
+  const double sy = r.sgn * scale;
+  for (int64_t i = 1; i < d; ++i) {
+    x[i] = static_cast<scalar_t>(sy * static_cast<double>(x[i]) + static_cast<double>(mu[i]) * c);
+  }
+  *omw_out = static_cast<scalar_t>(m.omw);
+}
+
+std::tuple<at::Tensor, at::Tensor> vmf_sample_cpu(const at::Tensor& loc_in, const at::Tensor& kappa_in,
+                                                  int64_t num_samples, int64_t seed, int64_t offset) {
+  check_vmf_sample_args(loc_in, kappa_in, num_samples, offset);
+  const at::Tensor loc = loc_in.contiguous(), kappa = kappa_in.contiguous();
+  const int64_t B = loc.size(0), d = loc.size(1);
+  at::Tensor x = at::empty({num_samples, B, d}, loc.options());
+  at::Tensor omw = at::empty({num_samples, B}, loc.options());
+  const int64_t rows = num_samples * B;
+  if (rows == 0) return {x, omw};
+  const int64_t grain = std::max<int64_t>(1, 16384 / d);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, loc.scalar_type(), "vmf_sample", [&] {
+    const scalar_t* pm = loc.const_data_ptr<scalar_t>();
+    const scalar_t* pk = kappa.const_data_ptr<scalar_t>();
+    scalar_t* px = x.mutable_data_ptr<scalar_t>();
+    scalar_t* po = omw.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row) {
+        const int64_t b = row % B;
+        sample_row<scalar_t>(pm + b * d, static_cast<double>(pk[b]), d, static_cast<uint64_t>(seed),
+                             static_cast<uint64_t>(offset), static_cast<uint64_t>(row), px + row * d, po + row);
+      }
+    });
+  });
+  return {x, omw};
+}
+
+at::Tensor vmf_marginal_grad_cpu(const at::Tensor& omw_in, const at::Tensor& kappa_in, int64_t dim) {
+  TORCH_CHECK(dim >= 2, "vmf_marginal_grad: dim must be at least 2, got ", dim);
+  auto [omw, kappa] = prepare_binary(omw_in, kappa_in, "vmf_marginal_grad");
+  at::Tensor out = at::empty_like(omw);
+  const int64_t n = omw.numel();
+  const double d = static_cast<double>(dim);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, omw.scalar_type(), "vmf_marginal_grad", [&] {
+    const scalar_t* po = omw.const_data_ptr<scalar_t>();
+    const scalar_t* pk = kappa.const_data_ptr<scalar_t>();
+    scalar_t* pg = out.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        pg[i] = static_cast<scalar_t>(
+            vmf::dw_dkappa(static_cast<double>(po[i]), static_cast<double>(pk[i]), d));
+      }
+    });
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(vmfdist, CPU, m) {
+  m.impl("vmf_sample", &vmf_sample_cpu);
+  m.impl("vmf_marginal_grad", &vmf_marginal_grad_cpu);
+}
+
+}  // namespace vmfdist

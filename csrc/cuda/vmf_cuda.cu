@@ -1,0 +1,159 @@
+// CUDA kernels for the von Mises-Fisher ops over the host-device math of
+// vmfdist/vmf.h (the same code the CPU loops in csrc/cpu/vmf_cpu.cpp call).
+//
+// vmf_sample: one warp per sample row.  The lanes share the row's tangent
+// normals (lane l takes Philox blocks l, l+32, ... of the row's tangent stream,
+// exactly the blocks the CPU loop takes for those entries), reduce |e|^2,
+// mu.e and |mu|^2 with shuffles, lane 0 draws the marginal, and each lane then
+// rotates the entries it wrote.  Rows therefore match the CPU up to the last
+// bit of the transcendental functions.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <tuple>
+
+#include "vmfdist/tensor_checks.h"
+#include "vmfdist/vmf.h"
+#include "vmfdist/vmf_checks.h"
+
+namespace vmfdist {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarp = 32;
+
+inline int blocks_for(int64_t work_items, int64_t per_block) {
+  const int64_t b = (work_items + per_block - 1) / per_block;
+  const int64_t cap = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 32;
+  return static_cast<int>(b < cap ? (b > 0 ? b : 1) : cap);
+}
+
+__device__ inline double warp_sum(double v) {
+  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+template <class scalar_t>
+__global__ void vmf_sample_kernel(const scalar_t* __restrict__ loc, const scalar_t* __restrict__ kappa,
+                                  scalar_t* __restrict__ x, scalar_t* __restrict__ omw_out, int64_t rows,
+                                  int64_t B, int64_t d, uint64_t seed, uint64_t offset) {
+  const int lane = threadIdx.x & (kWarp - 1);
+  const int64_t warp = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kWarp;
+  const int64_t nwarps = (static_cast<int64_t>(gridDim.x) * blockDim.x) / kWarp;
+  const int64_t nt = d - 1;
+  const int64_t nblk = (nt + 3) / 4;
+  for (int64_t row = warp; row < rows; row += nwarps) {
+    const int64_t b = row % B;
+    const scalar_t* mu = loc + b * d;
+    scalar_t* xr = x + row * d;
+    double ee = 0.0, me = 0.0, mm = 0.0;
+    for (int64_t j = lane; j < nblk; j += kWarp) {
+      double z[4];
+      vmf::normal4(seed, offset + 1, static_cast<uint64_t>(row), static_cast<uint32_t>(j), z);
+      for (int k = 0; k < 4; ++k) {
+        const int64_t idx = 4 * j + k;
+        if (idx < nt) {
+          const scalar_t e = static_cast<scalar_t>(z[k]);
+          const double ed = static_cast<double>(e);
+          const double mi = static_cast<double>(mu[1 + idx]);
+          xr[1 + idx] = e;
+          ee += ed * ed;
+          me += mi * ed;
+          mm += mi * mi;
+        }
+      }
+    }
+    if (lane == 0) mm += static_cast<double>(mu[0]) * static_cast<double>(mu[0]);
+    ee = warp_sum(ee);
+    me = warp_sum(me);
+    mm = warp_sum(mm);
+    double w = 0.0, omw = 0.0, opw = 0.0;
+    if (lane == 0) {
+      const vmf::Marginal m =
+          vmf::sample_marginal(seed, offset, static_cast<uint64_t>(row), static_cast<double>(d),
+                               static_cast<double>(kappa[b]));
+      w = m.w;
+      omw = m.omw;
+      opw = m.opw;
+    }
+    w = __shfl_sync(0xffffffffu, w, 0);
+    omw = __shfl_sync(0xffffffffu, omw, 0);
+    opw = __shfl_sync(0xffffffffu, opw, 0);
+    const double inv_mu = 1.0 / ::sqrt(mm);
+    const double scale = ::sqrt(omw * opw) / ::sqrt(ee);
+    const vmf::Reflection r = vmf::reflection(static_cast<double>(mu[0]) * inv_mu);
+    const double sigma = w * r.den - r.sgn * scale * me * inv_mu;
+    const double c = sigma / r.den * inv_mu;
+    const double sy = r.sgn * scale;
+    for (int64_t j = lane; j < nblk; j += kWarp) {
+      for (int k = 0; k < 4; ++k) {
+        const int64_t idx = 4 * j + k;
+        if (idx < nt) {
+          xr[1 + idx] = static_cast<scalar_t>(sy * static_cast<double>(xr[1 + idx]) +
+                                              static_cast<double>(mu[1 + idx]) * c);
+        }
+      }
+    }
+    if (lane == 0) {
+      xr[0] = static_cast<scalar_t>(r.sgn * (w - sigma));
+      omw_out[row] = static_cast<scalar_t>(omw);
+    }
+  }
+}
+
+template <class scalar_t>
+__global__ void vmf_marginal_grad_kernel(const scalar_t* __restrict__ omw, const scalar_t* __restrict__ kappa,
+                                         scalar_t* __restrict__ out, int64_t n, double d) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    out[i] = static_cast<scalar_t>(vmf::dw_dkappa(static_cast<double>(omw[i]), static_cast<double>(kappa[i]), d));
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> vmf_sample_cuda(const at::Tensor& loc_in, const at::Tensor& kappa_in,
+                                                   int64_t num_samples, int64_t seed, int64_t offset) {
+  check_vmf_sample_args(loc_in, kappa_in, num_samples, offset);
+  const c10::cuda::CUDAGuard guard(loc_in.device());
+  const at::Tensor loc = loc_in.contiguous(), kappa = kappa_in.contiguous();
+  const int64_t B = loc.size(0), d = loc.size(1);
+  at::Tensor x = at::empty({num_samples, B, d}, loc.options());
+  at::Tensor omw = at::empty({num_samples, B}, loc.options());
+  const int64_t rows = num_samples * B;
+  if (rows == 0) return {x, omw};
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, loc.scalar_type(), "vmf_sample", [&] {
+    vmf_sample_kernel<scalar_t><<<blocks_for(rows, kThreads / kWarp), kThreads, 0,
+                                  at::cuda::getCurrentCUDAStream()>>>(
+        loc.const_data_ptr<scalar_t>(), kappa.const_data_ptr<scalar_t>(), x.mutable_data_ptr<scalar_t>(),
+        omw.mutable_data_ptr<scalar_t>(), rows, B, d, static_cast<uint64_t>(seed), static_cast<uint64_t>(offset));
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {x, omw};
+}
+
+at::Tensor vmf_marginal_grad_cuda(const at::Tensor& omw_in, const at::Tensor& kappa_in, int64_t dim) {
+  TORCH_CHECK(dim >= 2, "vmf_marginal_grad: dim must be at least 2, got ", dim);
+  auto [omw, kappa] = prepare_binary(omw_in, kappa_in, "vmf_marginal_grad");
+  const c10::cuda::CUDAGuard guard(omw.device());
+  at::Tensor out = at::empty_like(omw);
+  const int64_t n = omw.numel();
+  if (n == 0) return out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, omw.scalar_type(), "vmf_marginal_grad", [&] {
+    vmf_marginal_grad_kernel<scalar_t><<<blocks_for(n, kThreads), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        omw.const_data_ptr<scalar_t>(), kappa.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), n,
+        static_cast<double>(dim));
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(vmfdist, CUDA, m) {
+  m.impl("vmf_sample", &vmf_sample_cuda);
+  m.impl("vmf_marginal_grad", &vmf_marginal_grad_cuda);
+}
+
+}  // namespace vmfdist

@@ -1,0 +1,255 @@
+// von Mises-Fisher sampling and its implicit reparameterisation gradient, written
+// once for the CPU loops (csrc/cpu/vmf_cpu.cpp) and the CUDA kernels
+// (csrc/cuda/vmf_cuda.cu).
+//
+// A vMF(mu, kappa) variate on S^{d-1} is x = Q(mu) (w, sqrt(1 - w^2) v) with
+//   * w = mu^T x, the marginal, density  f(w) ~ exp(kappa w) (1 - w^2)^{(d-3)/2} on [-1, 1],
+//     drawn by Wood's (1994) rejection sampler (d != 3) or by the inverse CDF (d = 3);
+//   * v uniform on S^{d-2}: d - 1 standard normals divided by their norm;
+//   * Q(mu) an orthogonal reflection with Q e_1 = mu (see rotate_row).
+// The marginal is carried as 1 - w (and 1 + w) so that nothing cancels near the
+// poles; 1 - w is what the op returns for the backward pass.
+//
+// Randomness (part of the reproducibility contract): sample row r (row-major over
+// (num_samples, batch)) draws its marginal from the Philox stream (seed, offset, r)
+// and its tangent normals from the stream (seed, offset + 1, r): block j of that
+// stream gives normals 4j .. 4j+3 (two Box-Muller pairs from 32-bit uniforms), so
+// any thread layout reproduces the same row.
+#pragma once
+
+#include <cstdint>
+
+#include "vmfdist/bessel.h"
+#include "vmfdist/gauss_legendre.h"
+#include "vmfdist/macros.h"
+#include "vmfdist/philox.h"
+
+namespace vmfdist {
+namespace vmf {
+
+VMF_CONSTANT double kPi = 3.14159265358979323846264338327950288;
+VMF_CONSTANT double kTwoPi = 6.28318530717958647692528676655900577;
+
+// The marginal w with its distances to the poles, each accurate to rounding.
+struct Marginal {
+  double w, omw, opw;  // w, 1 - w, 1 + w
+};
+
+// Uniform on (0, 1) from a 32-bit word: (k + 1/2) 2^-32, exact in double.
+VMF_INLINE double uniform_u32(uint32_t k) { return (static_cast<double>(k) + 0.5) * 0x1p-32; }
+
+// Normals 4j .. 4j+3 of a tangent stream: Box-Muller on the four words of block j.
+VMF_INLINE void normal4(uint64_t seed, uint64_t offset, uint64_t row, uint32_t j, double* z) {
+  const philox::U32x4 b = philox::stream_block(seed, offset, row, j);
+  philox::box_muller(uniform_u32(b.v[0]), uniform_u32(b.v[1]), z, z + 1);
+  philox::box_muller(uniform_u32(b.v[2]), uniform_u32(b.v[3]), z + 2, z + 3);
+}
+
+// Gamma(a, 1) for a >= 1 by Marsaglia & Tsang (2000), with their squeeze.
+VMF_INLINE double gamma_mt(philox::PhiloxStream& s, double a) {
+  const double dd = a - 1.0 / 3.0;
+  const double c = 1.0 / ::sqrt(9.0 * dd);
+  for (;;) {
+    double x, v;
+    do {
+      x = s.next_normal();
+      v = 1.0 + c * x;
+    } while (v <= 0.0);
+    v = v * v * v;
+    const double u = s.next_uniform<53>();
+    const double x2 = x * x;
+    if (u < 1.0 - 0.0331 * x2 * x2) return dd * v;
+    if (::log(u) < 0.5 * x2 + dd * (1.0 - v + ::log(v))) return dd * v;
+  }
+}
+
+// Wood's envelope for dimension d = m + 1 and concentration kappa:
+//   b = m / (2 kappa + sqrt(4 kappa^2 + m^2))   (no cancellation for any kappa),
+//   x0 = (1 - b) / (1 + b),  1 - x0 = 2b / (1 + b),  1 - x0^2 = 4b / (1 + b)^2.
+struct Wood {
+  double kappa, m, b, x0, omx0, omx0sq;
+};
+
+VMF_INLINE Wood wood_setup(double d, double kappa) {
+  Wood p;
+  p.kappa = kappa;
+  p.m = d - 1.0;
+  p.b = p.m / (2.0 * kappa + ::hypot(2.0 * kappa, p.m));
+  const double opb = 1.0 + p.b;
+  p.x0 = (1.0 - p.b) / opb;
+  p.omx0 = 2.0 * p.b / opb;
+  p.omx0sq = 4.0 * p.b / (opb * opb);
+  return p;
+}
+
+// One marginal by Wood's rejection sampler (d != 3; kappa finite, b > 0).
+// Proposal: z ~ Beta(m/2, m/2), w = (1 - (1+b) z) / (1 - (1-b) z); with z' = 1 - z
+// the denominator is z' + b z and 1 - w = 2bz / (z' + bz), 1 + w = 2z' / (z' + bz).
+// Accept when kappa (w - x0) + m log(1 - x0 (w - x0) / (1 - x0^2)) >= log u, which is
+// Wood's test kappa w + m log(1 - x0 w) - c >= log u rearranged to avoid cancellation.
+VMF_INLINE Marginal wood_sample(philox::PhiloxStream& s, const Wood& p) {
+  const double a = 0.5 * p.m;
+  for (;;) {
+    double z, zc;
+    if (a == 0.5) {  // d = 2: Beta(1/2, 1/2) is the arcsine law, z = sin^2(pi u / 2)
+      const double t = 0.5 * kPi * s.next_uniform<53>();
+      const double sn = ::sin(t), cs = ::cos(t);
+      z = sn * sn;
+      zc = cs * cs;
+    } else {
+      const double g1 = gamma_mt(s, a), g2 = gamma_mt(s, a);
+      const double g = g1 + g2;
+      z = g1 / g;
+      zc = g2 / g;
+    }
+    const double den = zc + p.b * z;
+    Marginal out;
+    out.omw = 2.0 * p.b * z / den;
+    out.opw = 2.0 * zc / den;
+    out.w = (zc - p.b * z) / den;
+    const double t = p.omx0 - out.omw;  // w - x0
+    const double u = s.next_uniform<53>();
+    const double expo = p.kappa * t + p.m * ::log1p(-p.x0 * t / p.omx0sq);
+    if (expo >= ::log(u)) return out;
+  }
+}
+
+// d = 3: the exact inverse CDF, 1 - w = -log(1 - u (1 - e^{-2 kappa})) / kappa.
+VMF_INLINE Marginal sphere3_sample(philox::PhiloxStream& s, double kappa) {
+  const double u = s.next_uniform<53>();
+  double omw = kappa > 0.0 ? -::log1p(u * ::expm1(-2.0 * kappa)) / kappa : 2.0 * u;
+  omw = omw < 0.0 ? 0.0 : (omw > 2.0 ? 2.0 : omw);
+  Marginal out;
+  out.omw = omw;
+  out.opw = 2.0 - omw;
+  out.w = 1.0 - omw;
+  return out;
+}
+
+// The marginal of row `row` (stream (seed, offset, row)).  kappa = +inf (or so large
+// that b underflows) gives the point mass at w = 1.
+VMF_INLINE Marginal sample_marginal(uint64_t seed, uint64_t offset, uint64_t row, double d, double kappa) {
+  philox::PhiloxStream s(seed, offset, row);
+  if (d == 3.0) return sphere3_sample(s, kappa);
+  const Wood p = wood_setup(d, kappa);
+  if (!(p.b > 0.0)) {
+    Marginal out;
+    out.w = 1.0;
+    out.omw = 0.0;
+    out.opw = 2.0;
+    return out;
+  }
+  return wood_sample(s, p);
+}
+
+// The reflection Q(mu) with Q e_1 = mu for unit mu (mu_0 its first entry):
+//   mu_0 >= 0:  Q = -(I - 2 u u^T), u = (e_1 + mu) / |e_1 + mu|,
+//   mu_0 <  0:  Q =   I - 2 u u^T,  u = (e_1 - mu) / |e_1 - mu|,
+// so the normaliser |e_1 +- mu|^2 = 2 (1 + |mu_0|) >= 2 never cancels (mu = +-e_1
+// included).  Both are symmetric and involutive (Q^{-1} = Q).  With
+//   sgn = -1 (mu_0 >= 0) or +1,  den = 1 + |mu_0|,
+//   sigma = y_0 den - sgn sum_{i>=1} mu_i y_i,
+// Q y has entries  (Q y)_0 = sgn (y_0 - sigma),  (Q y)_i = sgn y_i + mu_i sigma / den.
+struct Reflection {
+  double sgn, den;
+};
+
+VMF_INLINE Reflection reflection(double mu0) {
+  Reflection r;
+  r.sgn = mu0 >= 0.0 ? -1.0 : 1.0;
+  r.den = 1.0 + ::fabs(mu0);
+  return r;
+}
+
+// ---------------------------------------------------------------------------
+// Implicit reparameterisation of the marginal (Figurnov, Mohamed & Mnih 2018).
+//
+// In the angle phi = arccos(w) the marginal has density p(phi) ~ exp(kappa cos phi)
+// sin^{d-2}(phi) on [0, pi] (analytic at both ends, for every d >= 2), unimodal with
+// its mode at cos phi* = 2 kappa / ((d-2) + sqrt((d-2)^2 + 4 kappa^2)).  With
+// theta = arccos(w), A = A_d(kappa) = E[cos phi] = I_{d/2}(kappa) / I_{d/2-1}(kappa):
+//   dw/dkappa = sin(theta) int_0^theta (cos phi - A) p(phi)/p(theta) dphi
+//             = -sin(theta) int_theta^pi (cos phi - A) p(phi)/p(theta) dphi.
+// We integrate over the side away from the mode, where p(phi)/p(theta) <= 1 decreases
+// monotonically away from theta, truncated where it falls below e^{-kTailLog}:
+// x = |phi - theta| in [0, X], 4 Gauss-Legendre panels with breakpoints X (k/4)^2.
+// Everything is in log space; cos phi - cos theta = -2 sin((phi+theta)/2)
+// sin((phi-theta)/2) and cos phi - A = (1 - A) - 2 sin^2(phi/2), with 1 - A from the
+// complemented ratio, so nothing cancels for large kappa.
+VMF_CONSTANT double kTailLog = 45.0;
+constexpr int kPanels = 4;
+
+struct AngleSide {
+  double kappa, m2, theta, sign, log_sin_theta;  // sign: -1 towards 0, +1 towards pi
+
+  // log p(theta + sign x) - log p(theta)
+  VMF_HD double log_ratio(double x) const {
+    const double phi = theta + sign * x;
+    const double dcos = -2.0 * ::sin(theta + 0.5 * sign * x) * ::sin(0.5 * sign * x);
+    double g = kappa * dcos;
+    if (m2 != 0.0) g += m2 * (::log(::sin(phi)) - log_sin_theta);
+    return g;
+  }
+};
+
+// Where log p falls to -kTailLog on the side (or the end of the side, if it never does).
+VMF_INLINE double tail_cut(const AngleSide& s, double xmax) {
+  if (!(s.log_ratio(xmax) < -kTailLog)) return xmax;  // d = 2 towards pi, or a flat side
+  // g is decreasing on [0, xmax]: bisect, geometrically first (the scale can be tiny),
+  // until g lands in [-2 kTailLog, -kTailLog].
+  double lo = 0.0, hi = xmax;
+  for (int it = 0; it < 200; ++it) {
+    const double x = (lo > 0.0 && hi > 4.0 * lo) ? ::sqrt(lo * hi) : (lo == 0.0 ? hi * 0x1p-8 : 0.5 * (lo + hi));
+    if (x <= lo || x >= hi) break;
+    const double g = s.log_ratio(x);
+    if (g < -2.0 * kTailLog) {
+      hi = x;
+    } else if (g > -kTailLog) {
+      lo = x;
+    } else {
+      return x;
+    }
+  }
+  return hi;
+}
+
+VMF_INLINE double dw_dkappa(double omw, double kappa, double d) {
+  if (is_nan(omw) || is_nan(kappa) || is_nan(d) || kappa < 0.0 || d < 2.0 || omw < 0.0 || omw > 2.0) return NAN;
+  if (omw == 0.0 || omw == 2.0 || is_inf(kappa)) return 0.0;
+  const double m2 = d - 2.0;
+  const double c = bessel::iv_ratio(0.5 * d, kappa, true);  // 1 - A
+  const double theta = omw < 0.5 ? 2.0 * ::asin(::sqrt(0.5 * omw)) : ::acos(1.0 - omw);
+  double cmode = 1.0;  // cos of the mode (d = 2, or the uniform circle)
+  if (m2 > 0.0) cmode = 2.0 * kappa / (m2 + ::hypot(m2, 2.0 * kappa));
+  const double w = 1.0 - omw;
+  AngleSide s;
+  s.kappa = kappa;
+  s.m2 = m2;
+  s.theta = theta;
+  s.log_sin_theta = ::log(::sin(theta));
+  s.sign = w >= cmode ? -1.0 : 1.0;  // w above the mode: integrate over [0, theta]
+  const double xmax = s.sign < 0.0 ? theta : kPi - theta;
+  const double cut = tail_cut(s, xmax);
+  double sum = 0.0;
+  double a = 0.0;
+  for (int k = 1; k <= kPanels; ++k) {
+    const double q = static_cast<double>(k) / kPanels;
+    const double bnd = cut * q * q;
+    const double half = 0.5 * (bnd - a), mid = 0.5 * (bnd + a);
+    double panel = 0.0;
+    for (int i = 0; i < quadrature::kGL16Half; ++i) {
+      for (int pm = -1; pm <= 1; pm += 2) {
+        const double x = mid + pm * half * quadrature::kGL16Node[i];
+        const double sh = ::sin(0.5 * (theta + s.sign * x));
+        const double f = (c - 2.0 * sh * sh) * ::exp(s.log_ratio(x));
+        panel += quadrature::kGL16Weight[i] * f;
+      }
+    }
+    sum += half * panel;
+    a = bnd;
+  }
+  return -s.sign * ::sin(theta) * sum;
+}
+
+}  // namespace vmf
+}  // namespace vmfdist

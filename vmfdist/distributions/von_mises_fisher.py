@@ -1,0 +1,426 @@
+r"""The von Mises--Fisher distribution on :math:`S^{d-1}` and the uniform distribution on the sphere.
+
+Density with respect to the surface measure of the unit sphere in :math:`\mathbb{R}^d`:
+
+.. math::
+
+    p(x) = C_d(\kappa)\, e^{\kappa \mu^T x}, \qquad
+    \log C_d(\kappa) = (d/2 - 1)\log\kappa - (d/2)\log 2\pi - \log I_{d/2-1}(\kappa).
+
+Everything is computed in the *scaled* form :math:`\log C_d(\kappa) + \kappa` (through
+:func:`vmfdist.special.log_bessel_ive`) and with :math:`1 - \mu^T x = \|x - \mu\|^2/2`, so
+that no large terms cancel for large :math:`\kappa`; the mean resultant length
+:math:`A_d(\kappa) = I_{d/2}(\kappa)/I_{d/2-1}(\kappa)` and its complement come from
+:func:`vmfdist.special.bessel_iv_ratio` / ``bessel_iv_ratio_c``.  The derivative of the
+log-normaliser is the identity :math:`\tfrac{d}{d\kappa}(\log C_d + \kappa) = 1 - A_d(\kappa)`,
+never a derivative of a Bessel series.
+
+Sampling is one fused compiled op (``torch.ops.vmfdist.vmf_sample``; see
+``csrc/include/vmfdist/vmf.h``): Wood's rejection sampler for :math:`w = \mu^T x` (the
+inverse CDF for :math:`d = 3`), a uniform tangent direction from normalised normals, and a
+reflection that maps :math:`e_1` to :math:`\mu`, stable at :math:`\mu = \pm e_1`.
+:meth:`VonMisesFisher.rsample` is reparameterised and *unbiased* for both ``loc`` and
+``concentration``: the gradient of :math:`w` with respect to :math:`\kappa` is the implicit
+reparameterisation gradient :math:`-(\partial F/\partial\kappa)/f` (Figurnov et al. 2018),
+computed by quadrature in ``vmf_marginal_grad``.
+"""
+from __future__ import annotations
+
+import math
+from numbers import Number
+from typing import Optional
+
+import torch
+from torch.distributions import Distribution, constraints
+from torch.distributions.kl import register_kl
+from torch.distributions.utils import broadcast_all
+
+from .. import special
+from ..ops import vmf
+from ..random import draw_seed_offset
+
+__all__ = [
+    "VonMisesFisher",
+    "HypersphericalUniform",
+    "log_sphere_area",
+    "vmf_log_normalizer",
+    "fit_vmf",
+    "sphere",
+    "unit_vector",
+]
+
+
+class _Sphere(constraints.Constraint):
+    """Unit vectors along the last dimension (to a tolerance scaled by the dtype)."""
+
+    is_discrete = False
+    event_dim = 1
+
+    def check(self, value):
+        tol = {torch.float64: 1e-6, torch.float32: 1e-4}.get(value.dtype, 1e-2)
+        norm = torch.linalg.vector_norm(value, dim=-1)
+        return (norm - 1).abs() <= tol
+
+    def __repr__(self):
+        return "Sphere()"
+
+
+#: The unit sphere (event dimension 1): the support of :class:`VonMisesFisher`.
+sphere = _Sphere()
+#: ``loc`` of :class:`VonMisesFisher` must be a unit vector.
+unit_vector = sphere
+
+
+def log_sphere_area(d, dtype=torch.float64, device=None) -> torch.Tensor:
+    r""":math:`\log S_{d-1} = \log 2 + (d/2)\log\pi - \log\Gamma(d/2)`, the log surface area of
+    the unit sphere in :math:`\mathbb{R}^d`."""
+    d = torch.as_tensor(d, dtype=dtype, device=device)
+    return math.log(2.0) + 0.5 * d * math.log(math.pi) - torch.lgamma(0.5 * d)
+
+
+class _LogNormalizerScaled(torch.autograd.Function):
+    r""":math:`\log C_d(\kappa) + \kappa` with derivative :math:`1 - A_d(\kappa)`."""
+
+    @staticmethod
+    def forward(kappa, d):
+        nu = 0.5 * d - 1.0
+        safe = torch.where(kappa > 0, kappa, torch.ones_like(kappa))
+        val = (nu * torch.log(safe) - 0.5 * d * math.log(2 * math.pi)
+               - special.log_bessel_ive(torch.full_like(safe, nu), safe))
+        zero = -log_sphere_area(d, dtype=kappa.dtype, device=kappa.device)
+        return torch.where(kappa > 0, val, zero.expand_as(kappa))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        kappa, d = inputs
+        ctx.save_for_backward(kappa)
+        ctx.d = d
+
+    @staticmethod
+    def backward(ctx, grad):
+        (kappa,) = ctx.saved_tensors
+        return grad * special.bessel_iv_ratio_c(torch.full_like(kappa, 0.5 * ctx.d), kappa), None
+
+
+def vmf_log_normalizer(concentration: torch.Tensor, d: int, scaled: bool = False) -> torch.Tensor:
+    r""":math:`\log C_d(\kappa)` (or :math:`\log C_d(\kappa) + \kappa` with ``scaled=True``),
+    finite for every :math:`\kappa \ge 0` (the limit :math:`-\log S_{d-1}` at 0), with the
+    exact derivative :math:`-A_d(\kappa)` (scaled: :math:`1 - A_d(\kappa)`)."""
+    kappa = torch.as_tensor(concentration)
+    if not kappa.is_floating_point():
+        kappa = kappa.to(torch.get_default_dtype())
+    val = _LogNormalizerScaled.apply(kappa, int(d))
+    return val if scaled else val - kappa
+
+
+def _check_dim(d) -> int:
+    if isinstance(d, bool) or not (isinstance(d, int) or (isinstance(d, Number) and float(d).is_integer())):
+        raise TypeError(f"dim must be an integer, got {d!r}")
+    d = int(d)
+    if d < 2:
+        raise ValueError(f"dim must be at least 2 (the sphere S^(d-1) in R^d), got {d}")
+    return d
+
+
+class VonMisesFisher(Distribution):
+    r"""von Mises--Fisher distribution :math:`\mathrm{vMF}(\mu, \kappa)` on the unit sphere
+    :math:`S^{d-1} \subset \mathbb{R}^d`.
+
+    Args:
+        loc: mean direction, unit vectors of shape ``(..., d)``, ``d >= 2``.
+        concentration: :math:`\kappa \ge 0`, shape broadcastable with ``loc.shape[:-1]``
+            (:math:`\kappa = 0` is exactly the uniform distribution).
+        validate_args: as in :mod:`torch.distributions` (checks that ``loc`` is a unit
+            vector to a dtype-dependent tolerance and that ``concentration >= 0``).
+
+    ``batch_shape`` is the broadcast of ``loc.shape[:-1]`` and ``concentration.shape``;
+    ``event_shape`` is ``(d,)``.  :meth:`rsample` is reparameterised and unbiased for both
+    parameters (see the module docstring); :meth:`sample` and :meth:`rsample` take an
+    optional ``generator`` (the seed of the Philox streams is drawn from it).
+    """
+
+    arg_constraints = {"loc": unit_vector, "concentration": constraints.nonnegative}
+    support = sphere
+    has_rsample = True
+
+    def __init__(self, loc, concentration, validate_args=None):
+        loc = torch.as_tensor(loc)
+        if not loc.is_floating_point():
+            loc = loc.to(torch.get_default_dtype())
+        if loc.dim() < 1:
+            raise ValueError("loc must have at least one dimension (the event dimension d)")
+        self._dim = _check_dim(loc.shape[-1])
+        if isinstance(concentration, Number):
+            concentration = torch.tensor(float(concentration), dtype=loc.dtype, device=loc.device)
+        concentration = torch.as_tensor(concentration)
+        if concentration.device != loc.device:
+            raise ValueError(f"loc and concentration must be on the same device, got {loc.device} and "
+                             f"{concentration.device}")
+        dtype = torch.promote_types(loc.dtype, concentration.dtype)
+        if not dtype.is_floating_point:
+            dtype = torch.get_default_dtype()
+        loc, concentration = loc.to(dtype), concentration.to(dtype)
+        try:
+            batch_shape = torch.broadcast_shapes(loc.shape[:-1], concentration.shape)
+        except RuntimeError as e:
+            raise ValueError(f"loc (shape {tuple(loc.shape)}) and concentration (shape "
+                             f"{tuple(concentration.shape)}) have incompatible batch shapes: {e}") from None
+        self.loc = loc.expand(batch_shape + (self._dim,))
+        self.concentration = concentration.expand(batch_shape)
+        super().__init__(batch_shape, torch.Size((self._dim,)), validate_args=validate_args)
+
+    @property
+    def dim(self) -> int:
+        """d, the dimension of the ambient space."""
+        return self._dim
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(VonMisesFisher, _instance)
+        batch_shape = torch.Size(batch_shape)
+        new._dim = self._dim
+        new.loc = self.loc.expand(batch_shape + (self._dim,))
+        new.concentration = self.concentration.expand(batch_shape)
+        super(VonMisesFisher, new).__init__(batch_shape, self.event_shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    # ---- moments -------------------------------------------------------------
+    @property
+    def mean_resultant_length(self) -> torch.Tensor:
+        r""":math:`A_d(\kappa) = I_{d/2}(\kappa)/I_{d/2-1}(\kappa) = \|E[x]\|`."""
+        k = self.concentration
+        return special.bessel_iv_ratio(torch.full_like(k, 0.5 * self._dim), k)
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self.mean_resultant_length.unsqueeze(-1) * self.loc
+
+    @property
+    def mode(self) -> torch.Tensor:
+        return self.loc
+
+    @property
+    def variance(self) -> torch.Tensor:
+        r"""The diagonal of :math:`\mathrm{Cov}[x] = (A/\kappa) I + (1 - dA/\kappa - A^2)\mu\mu^T`
+        (:math:`A/\kappa \to 1/d` as :math:`\kappa \to 0`)."""
+        k = self.concentration
+        a = self.mean_resultant_length
+        safe = torch.where(k > 0, k, torch.ones_like(k))
+        a_over_k = torch.where(k > 0, a / safe, torch.full_like(k, 1.0 / self._dim))
+        coef = 1.0 - self._dim * a_over_k - a * a
+        return a_over_k.unsqueeze(-1) + coef.unsqueeze(-1) * self.loc * self.loc
+
+    # ---- densities -----------------------------------------------------------
+    def log_normalizer(self, scaled: bool = False) -> torch.Tensor:
+        r""":math:`\log C_d(\kappa)` (``scaled``: :math:`+\kappa`); see :func:`vmf_log_normalizer`."""
+        return vmf_log_normalizer(self.concentration, self._dim, scaled=scaled)
+
+    def log_prob(self, value):
+        r""":math:`\log C_d(\kappa) + \kappa - \kappa\|x - \mu\|^2/2` (equal to
+        :math:`\log C_d(\kappa) + \kappa\mu^Tx` on the sphere, without cancellation)."""
+        if self._validate_args:
+            self._validate_sample(value)
+        half_sq = 0.5 * (value - self.loc).pow(2).sum(-1)
+        return self.log_normalizer(scaled=True) - self.concentration * half_sq
+
+    def entropy(self):
+        r""":math:`-\log C_d(\kappa) - \kappa A_d(\kappa) = -(\log C_d + \kappa) + \kappa(1 - A_d)`."""
+        k = self.concentration
+        c = special.bessel_iv_ratio_c(torch.full_like(k, 0.5 * self._dim), k)
+        return -self.log_normalizer(scaled=True) + k * c
+
+    # ---- sampling ------------------------------------------------------------
+    def rsample(self, sample_shape=torch.Size(), generator: Optional[torch.Generator] = None):
+        shape = self._extended_shape(torch.Size(sample_shape))
+        n = 1
+        for s in torch.Size(sample_shape):
+            n *= s
+        d = self._dim
+        loc = self.loc.reshape(-1, d)
+        kappa = self.concentration.reshape(-1)
+        seed, offset = draw_seed_offset(generator, loc.device)
+        x, _ = vmf.vmf_sample(loc, kappa, n, seed, offset)
+        return x.reshape(shape)
+
+    def sample(self, sample_shape=torch.Size(), generator: Optional[torch.Generator] = None):
+        with torch.no_grad():
+            return self.rsample(sample_shape, generator=generator)
+
+    # ---- fitting -------------------------------------------------------------
+    @classmethod
+    def fit(cls, x, weights=None, validate_args=None) -> "VonMisesFisher":
+        """Maximum-likelihood fit; see :func:`fit_vmf`."""
+        loc, kappa = fit_vmf(x, weights)
+        return cls(loc, kappa, validate_args=validate_args)
+
+
+class HypersphericalUniform(Distribution):
+    r"""The uniform distribution on :math:`S^{d-1} \subset \mathbb{R}^d`.
+
+    Args:
+        dim: d >= 2.
+        batch_shape: optional batch shape.
+        dtype, device: of samples and densities (default dtype / CPU).
+    """
+
+    arg_constraints = {}
+    support = sphere
+    has_rsample = False
+
+    def __init__(self, dim, batch_shape=torch.Size(), dtype=None, device=None, validate_args=None):
+        self._dim = _check_dim(dim)
+        self._dtype = torch.get_default_dtype() if dtype is None else dtype
+        self._device = torch.device("cpu") if device is None else torch.device(device)
+        super().__init__(torch.Size(batch_shape), torch.Size((self._dim,)), validate_args=validate_args)
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(HypersphericalUniform, _instance)
+        new._dim, new._dtype, new._device = self._dim, self._dtype, self._device
+        super(HypersphericalUniform, new).__init__(torch.Size(batch_shape), self.event_shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    @property
+    def mean(self):
+        return torch.zeros(self._extended_shape(), dtype=self._dtype, device=self._device)
+
+    @property
+    def variance(self):
+        return torch.full(self._extended_shape(), 1.0 / self._dim, dtype=self._dtype, device=self._device)
+
+    def log_prob(self, value):
+        if self._validate_args:
+            self._validate_sample(value)
+        lp = -log_sphere_area(self._dim, dtype=value.dtype, device=value.device)
+        return lp.expand(torch.broadcast_shapes(value.shape[:-1], self.batch_shape))
+
+    def entropy(self):
+        return log_sphere_area(self._dim, dtype=self._dtype, device=self._device).expand(self.batch_shape)
+
+    def sample(self, sample_shape=torch.Size(), generator: Optional[torch.Generator] = None):
+        """Exactly uniform: the vMF sampler at kappa = 0 (Wood's proposal is then exact)."""
+        sample_shape = torch.Size(sample_shape)
+        n = 1
+        for s in sample_shape:
+            n *= s
+        b = 1
+        for s in self.batch_shape:
+            b *= s
+        loc = torch.zeros(b, self._dim, dtype=self._dtype, device=self._device)
+        loc[:, 0] = 1.0
+        kappa = torch.zeros(b, dtype=self._dtype, device=self._device)
+        seed, offset = draw_seed_offset(generator, self._device)
+        with torch.no_grad():
+            x, _ = vmf.vmf_sample(loc, kappa, n, seed, offset)
+        return x.reshape(self._extended_shape(sample_shape))
+
+
+# ---- KL divergences ----------------------------------------------------------
+@register_kl(VonMisesFisher, VonMisesFisher)
+def _kl_vmf_vmf(q, p):
+    r"""KL(q || p) = E_q[log q - log p]
+    = [log C(k_q) + k_q] - [log C(k_p) + k_p] - k_q (1 - A_q) + k_p ((1 - A_q) + A_q |mu_p - mu_q|^2 / 2),
+    the general formula (002, sec. 6.1) written with 1 - A_q mu_p^T mu_q = (1 - A_q) + A_q |mu_p - mu_q|^2/2."""
+    if q.dim != p.dim:
+        raise ValueError(f"KL(vMF || vMF) needs the same dimension, got {q.dim} and {p.dim}")
+    kq, kp = q.concentration, p.concentration
+    half = torch.full_like(kq, 0.5 * q.dim)
+    a = special.bessel_iv_ratio(half, kq)
+    c = special.bessel_iv_ratio_c(half, kq)
+    half_sq = 0.5 * (p.loc - q.loc).pow(2).sum(-1)
+    return q.log_normalizer(scaled=True) - p.log_normalizer(scaled=True) - kq * c + kp * (c + a * half_sq)
+
+
+@register_kl(VonMisesFisher, HypersphericalUniform)
+def _kl_vmf_uniform(q, p):
+    """KL(vMF || uniform) = log C(k) + k A + log S_{d-1}; 0 at k = 0."""
+    if q.dim != p.dim:
+        raise ValueError(f"KL(vMF || uniform) needs the same dimension, got {q.dim} and {p.dim}")
+    k = q.concentration
+    c = special.bessel_iv_ratio_c(torch.full_like(k, 0.5 * q.dim), k)
+    kl = q.log_normalizer(scaled=True) - k * c + log_sphere_area(q.dim, dtype=k.dtype, device=k.device)
+    return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))
+
+
+@register_kl(HypersphericalUniform, HypersphericalUniform)
+def _kl_uniform_uniform(q, p):
+    if q.dim != p.dim:
+        raise ValueError(f"KL(uniform || uniform) needs the same dimension, got {q.dim} and {p.dim}")
+    return torch.zeros(torch.broadcast_shapes(q.batch_shape, p.batch_shape), dtype=q._dtype, device=q._device)
+
+
+# ---- maximum likelihood ------------------------------------------------------
+def _solve_kappa(rbar: torch.Tensor, one_m_rbar: torch.Tensor, d: int, iters: int = 40) -> torch.Tensor:
+    r"""Solve :math:`A_d(\kappa) = \bar r` (batched).  Banerjee et al.'s guess
+    :math:`\bar r(d - \bar r^2)/(1 - \bar r^2)`, then Newton steps on
+    :math:`A_d(\kappa) - \bar r` for :math:`\bar r < 1/2` and on
+    :math:`\log(1 - A_d(\kappa)) - \log(1 - \bar r)` in :math:`\log\kappa` otherwise, with
+    :math:`A' = 1 - A^2 - (d-1)A/\kappa`; both use the exact ratio and its complement."""
+    half = torch.full_like(rbar, 0.5 * d)
+    kappa = rbar * (d - rbar * rbar) / (one_m_rbar * (1.0 + rbar))
+    kappa = torch.where(torch.isfinite(kappa) & (kappa > 0), kappa, torch.ones_like(kappa))
+    low = rbar < 0.5
+    log_target = torch.log(one_m_rbar)
+    for _ in range(iters):
+        a = special.bessel_iv_ratio(half, kappa)
+        c = special.bessel_iv_ratio_c(half, kappa)
+        da = (c * (1.0 + a)) - (d - 1) * a / kappa  # 1 - A^2 - (d - 1) A / kappa
+        # low: kappa <- kappa - (A - r) / A'
+        k_low = kappa - (a - rbar) / da
+        k_low = torch.where(k_low > 0, k_low, 0.5 * kappa)
+        # high: t = log kappa, f = log C - log(1 - r), df/dt = -kappa A' / C
+        step = (torch.log(c) - log_target) / (-kappa * da / c)
+        k_high = kappa * torch.exp(-step.clamp(-5.0, 5.0))
+        kappa = torch.where(low, k_low, k_high)
+    return kappa
+
+
+def fit_vmf(x, weights=None):
+    r"""Maximum-likelihood :math:`(\hat\mu, \hat\kappa)` of a vMF from unit vectors ``x`` of shape
+    ``(..., n, d)`` (optional non-negative ``weights`` ``(..., n)``), batched over ``...``.
+
+    :math:`\hat\mu = \bar x/\|\bar x\|` and :math:`\hat\kappa` solves :math:`A_d(\kappa) = \bar r
+    = \|\bar x\|`.  :math:`1 - \bar r` is computed as the weighted mean of
+    :math:`\|x_i - \hat\mu\|^2/2` (no cancellation for concentrated data).  :math:`\bar r = 0`
+    gives :math:`\hat\kappa = 0` and :math:`\bar r = 1` (all points equal) :math:`+\infty`.
+    Returns ``(loc, concentration)``.
+    """
+    x = torch.as_tensor(x)
+    if not x.is_floating_point():
+        x = x.to(torch.get_default_dtype())
+    if x.dim() < 2:
+        raise ValueError(f"x must have shape (..., n, d), got {tuple(x.shape)}")
+    d = _check_dim(x.shape[-1])
+    if x.shape[-2] == 0:
+        raise ValueError("x must contain at least one point (x.shape[-2] > 0)")
+    if weights is None:
+        weights = torch.ones(x.shape[:-1], dtype=x.dtype, device=x.device)
+    weights = torch.as_tensor(weights, dtype=x.dtype, device=x.device)
+    if weights.shape != x.shape[:-1]:
+        try:
+            weights = weights.expand(x.shape[:-1])
+        except RuntimeError:
+            raise ValueError(f"weights must have shape {tuple(x.shape[:-1])}, got {tuple(weights.shape)}") from None
+    if bool((weights < 0).any()):
+        raise ValueError("weights must be non-negative")
+    wsum = weights.sum(-1, keepdim=True)
+    if bool((wsum <= 0).any()):
+        raise ValueError("weights must have a positive sum")
+    wn = weights / wsum
+    xbar = (wn.unsqueeze(-1) * x).sum(-2)
+    rbar = torch.linalg.vector_norm(xbar, dim=-1)
+    safe = torch.where(rbar > 0, rbar, torch.ones_like(rbar))
+    e1 = torch.zeros_like(xbar)
+    e1[..., 0] = 1.0
+    loc = torch.where((rbar > 0).unsqueeze(-1), xbar / safe.unsqueeze(-1), e1)
+    one_m = (wn * 0.5 * (x - loc.unsqueeze(-2)).pow(2).sum(-1)).sum(-1)
+    one_m = one_m.clamp(0.0, 1.0)
+    with torch.no_grad():
+        kappa = _solve_kappa(rbar.clamp(min=1e-300), one_m.clamp(min=1e-300), d)
+    kappa = torch.where(rbar <= 0, torch.zeros_like(kappa), kappa)
+    kappa = torch.where(one_m <= 0, torch.full_like(kappa, math.inf), kappa)
+    return loc, kappa
