@@ -78,39 +78,44 @@ def log_sphere_area(d, dtype=torch.float64, device=None) -> torch.Tensor:
     return math.log(2.0) + 0.5 * d * math.log(math.pi) - torch.lgamma(0.5 * d)
 
 
-class _LogNormalizerScaled(torch.autograd.Function):
-    r""":math:`\log C_d(\kappa) + \kappa` with derivative :math:`1 - A_d(\kappa)`."""
+class _LogNormalizer(torch.autograd.Function):
+    r""":math:`\log C_d(\kappa)` (or :math:`+\kappa`, ``scaled``) with the exact derivative
+    :math:`-A_d(\kappa)` (scaled: :math:`1 - A_d(\kappa)`, from the complemented ratio)."""
 
     @staticmethod
-    def forward(kappa, d):
+    def forward(kappa, d, scaled):
         nu = 0.5 * d - 1.0
         safe = torch.where(kappa > 0, kappa, torch.ones_like(kappa))
         val = (nu * torch.log(safe) - 0.5 * d * math.log(2 * math.pi)
                - special.log_bessel_ive(torch.full_like(safe, nu), safe))
         zero = -log_sphere_area(d, dtype=kappa.dtype, device=kappa.device)
-        return torch.where(kappa > 0, val, zero.expand_as(kappa))
+        val = torch.where(kappa > 0, val, zero.expand_as(kappa))
+        return val if scaled else val - kappa
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        kappa, d = inputs
+        kappa, d, scaled = inputs
         ctx.save_for_backward(kappa)
-        ctx.d = d
+        ctx.d, ctx.scaled = d, scaled
 
     @staticmethod
     def backward(ctx, grad):
         (kappa,) = ctx.saved_tensors
-        return grad * special.bessel_iv_ratio_c(torch.full_like(kappa, 0.5 * ctx.d), kappa), None
+        half = torch.full_like(kappa, 0.5 * ctx.d)
+        if ctx.scaled:
+            return grad * special.bessel_iv_ratio_c(half, kappa), None, None
+        return -grad * special.bessel_iv_ratio(half, kappa), None, None
 
 
 def vmf_log_normalizer(concentration: torch.Tensor, d: int, scaled: bool = False) -> torch.Tensor:
     r""":math:`\log C_d(\kappa)` (or :math:`\log C_d(\kappa) + \kappa` with ``scaled=True``),
     finite for every :math:`\kappa \ge 0` (the limit :math:`-\log S_{d-1}` at 0), with the
-    exact derivative :math:`-A_d(\kappa)` (scaled: :math:`1 - A_d(\kappa)`)."""
+    exact derivative :math:`-A_d(\kappa)` (scaled: :math:`1 - A_d(\kappa)`), differentiable
+    to any order."""
     kappa = torch.as_tensor(concentration)
     if not kappa.is_floating_point():
         kappa = kappa.to(torch.get_default_dtype())
-    val = _LogNormalizerScaled.apply(kappa, int(d))
-    return val if scaled else val - kappa
+    return _LogNormalizer.apply(kappa, _check_dim(d), bool(scaled))
 
 
 def _check_dim(d) -> int:
@@ -373,7 +378,10 @@ def _solve_kappa(rbar: torch.Tensor, one_m_rbar: torch.Tensor, d: int, iters: in
         k_low = kappa - (a - rbar) / da
         k_low = torch.where(k_low > 0, k_low, 0.5 * kappa)
         # high: t = log kappa, f = log C - log(1 - r), df/dt = -kappa A' / C
-        step = (torch.log(c) - log_target) / (-kappa * da / c)
+        # (for huge kappa A' cancels; the slope of log C in log kappa tends to -1 there)
+        slope = -kappa * da / c
+        slope = torch.where(torch.isfinite(slope) & (slope < -1e-3), slope, torch.full_like(slope, -1.0))
+        step = (torch.log(c) - log_target) / slope
         k_high = kappa * torch.exp(-step.clamp(-5.0, 5.0))
         kappa = torch.where(low, k_low, k_high)
     return kappa

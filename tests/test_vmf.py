@@ -1,0 +1,507 @@
+"""Tests of vmfdist.distributions.VonMisesFisher / HypersphericalUniform.
+
+References are independent of the code under test: mpmath (log-normaliser, entropy,
+KL, the implicit gradient by adaptive quadrature), SciPy (vonmises_fisher, quad,
+kstest), closed forms (moments), and statistics with tolerances from standard errors.
+"""
+from __future__ import annotations
+
+import math
+
+import mpmath
+import numpy as np
+import pytest
+import scipy.integrate
+import scipy.stats
+import torch
+from torch.distributions import kl_divergence
+
+from vmfdist import special
+from vmfdist.distributions import HypersphericalUniform, VonMisesFisher, fit_vmf, log_sphere_area
+from vmfdist.ops import householder, vmf
+from vmfdist.testing import cpu_and_cuda
+
+from . import reference as ref
+
+F64 = torch.float64
+Z = 4.5  # standard errors allowed in statistical tests (two-sided p ~ 7e-6 each)
+
+
+def unit(d, seed=0, dtype=F64, first=None):
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(d, generator=g, dtype=F64)
+    if first is not None:
+        v[0] = first * v.norm()
+    return (v / v.norm()).to(dtype)
+
+
+def A_ref(d, k):
+    """A_d(k) = I_{d/2}(k) / I_{d/2-1}(k) from the certified mpmath reference."""
+    return float(ref.ratio(0.5 * d, k)) if k > 0 else 0.0
+
+
+def dA_ref(d, k):
+    a = A_ref(d, k)
+    return 1 - a * a - (d - 1) * a / k
+
+
+def log_c_ref(d, k):
+    """log C_d(k) in mpmath."""
+    with mpmath.workdps(40):
+        if k == 0:
+            return float(-(mpmath.log(2) + (mpmath.mpf(d) / 2) * mpmath.log(mpmath.pi) - mpmath.loggamma(mpmath.mpf(d) / 2)))
+        nu = mpmath.mpf(d) / 2 - 1
+        return float(nu * mpmath.log(k) - (mpmath.mpf(d) / 2) * mpmath.log(2 * mpmath.pi) - ref.log_iv(float(nu), k))
+
+
+# ---------------------------------------------------------------------------
+# the reflection
+
+
+@pytest.mark.parametrize("first", [None, 1.0, -1.0, 1 - 1e-12, -1 + 1e-12, 0.0])
+def test_householder_maps_e1_to_mu_and_is_orthogonal_involution(first):
+    d = 7
+    mu = unit(d, 3, first=first)
+    if first in (1.0, -1.0):
+        mu = torch.zeros(d, dtype=F64)
+        mu[0] = first
+    eye = torch.eye(d, dtype=F64)
+    q = householder(mu.expand(d, d), eye)  # rows: Q e_i (Q symmetric)
+    torch.testing.assert_close(q[0], mu, rtol=0, atol=1e-15)
+    torch.testing.assert_close(q @ q.T, eye, rtol=0, atol=1e-14)
+    torch.testing.assert_close(q, q.T, rtol=0, atol=1e-15)
+
+
+# ---------------------------------------------------------------------------
+# shapes, determinism, API
+
+
+def test_shapes_and_broadcasting():
+    loc = torch.stack([unit(5, s) for s in range(3)])  # (3, 5)
+    kappa = torch.tensor([[1.0], [10.0]], dtype=F64)  # (2, 1) -> batch (2, 3)
+    v = VonMisesFisher(loc, kappa)
+    assert v.batch_shape == (2, 3) and v.event_shape == (5,)
+    x = v.sample((4, 6))
+    assert x.shape == (4, 6, 2, 3, 5)
+    assert v.log_prob(x).shape == (4, 6, 2, 3)
+    assert v.entropy().shape == (2, 3) and v.mean.shape == (2, 3, 5) and v.variance.shape == (2, 3, 5)
+    e = v.expand((7, 2, 3))
+    assert e.sample().shape == (7, 2, 3, 5)
+    assert VonMisesFisher(unit(4), 2.0).sample().shape == (4,)
+
+
+def test_same_seed_same_samples_any_thread_count():
+    v = VonMisesFisher(unit(33, 1), torch.tensor([0.5, 50.0, 5e4], dtype=F64))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        a = v.sample((500,), generator=torch.Generator().manual_seed(5))
+        torch.set_num_threads(max(2, threads))
+        b = v.sample((500,), generator=torch.Generator().manual_seed(5))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(a, b)
+    c = v.sample((500,), generator=torch.Generator().manual_seed(6))
+    assert not torch.equal(a, c)
+    torch.manual_seed(3)
+    d1 = v.sample((10,))
+    torch.manual_seed(3)
+    assert torch.equal(d1, v.sample((10,)))
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+def test_float32_and_devices(device):
+    for d, k in [(2, 3.0), (3, 1e6), (64, 0.0), (1000, 1e9)]:
+        v = VonMisesFisher(unit(d, 2, torch.float32).to(device), torch.tensor(k, device=device))
+        x = v.sample((256,))
+        assert x.dtype == torch.float32 and x.device.type == device
+        assert torch.isfinite(x).all()
+        assert (x.double().norm(dim=-1) - 1).abs().max() < 1e-5
+        assert torch.isfinite(v.log_prob(x)).all()
+
+
+# ---------------------------------------------------------------------------
+# moments and goodness of fit of the marginal
+
+CASES = [(2, 0.5), (2, 20.0), (3, 0.0), (3, 5.0), (4, 1.0), (5, 2.0), (10, 1e-3), (16, 100.0),
+         (64, 10.0), (256, 1e3), (1000, 50.0), (2000, 1e6)]
+
+
+@pytest.mark.parametrize("d,k", CASES)
+def test_moments(d, k):
+    n = 40000
+    mu = unit(d, d)
+    x = VonMisesFisher(mu, torch.tensor(k, dtype=F64)).sample((n,), generator=torch.Generator().manual_seed(d))
+    torch.testing.assert_close(x.norm(dim=-1), torch.ones(n, dtype=F64), rtol=0, atol=1e-14)
+    w = x @ mu
+    a = A_ref(d, k)
+    m2 = 1 - (d - 1) * a / k if k > 0 else 1.0 / d  # E[w^2]
+    assert abs(w.mean().item() - a) <= Z * w.std().item() / math.sqrt(n) + 1e-15
+    assert abs((w * w).mean().item() - m2) <= Z * (w * w).std().item() / math.sqrt(n) + 1e-15
+    # tangent part isotropic: t = x - w mu has E[t] = 0 and E[t t^T] = (1 - E w^2)/(d - 1) (I - mu mu^T)
+    t = x - w.unsqueeze(-1) * mu
+    se = t.std(0) / math.sqrt(n)
+    assert (t.mean(0).abs() <= Z * se + 1e-12).all()
+    basis = torch.linalg.qr(torch.cat([mu.unsqueeze(-1), torch.eye(d, dtype=F64)[:, : min(d - 1, 4)]], 1))[0][:, 1:]
+    proj2 = (t @ basis) ** 2  # a few tangent coordinates
+    target = (1 - m2) / (d - 1)
+    assert ((proj2.mean(0) - target).abs() <= Z * proj2.std(0) / math.sqrt(n) + 1e-15).all()
+
+
+def _marginal_cdf(d, k):
+    """CDF of w = mu^T x by quadrature (SciPy), in log space: f(w) ~ exp(k(w-1)) (1-w^2)^((d-3)/2)."""
+    def logf(w):
+        return k * (w - 1) + 0.5 * (d - 3) * math.log1p(-w * w) if abs(w) < 1 else -math.inf
+
+    grid = np.linspace(-1, 1, 4001)
+    # normalise by integrating on the grid with quad between nodes is slow; use cumulative quad on a fine grid
+    vals = np.array([math.exp(logf(w)) if abs(w) < 1 else 0.0 for w in grid])
+    total = scipy.integrate.quad(lambda w: math.exp(logf(w)), -1, 1, points=[1 - min(1.0, 50.0 / max(k, 1e-9))],
+                                 limit=500, epsabs=0, epsrel=1e-12)[0]
+
+    def cdf(w):
+        w = np.asarray(w, dtype=float)
+        out = np.empty_like(w)
+        for i, wi in enumerate(w.ravel()):
+            if wi <= -1:
+                out.ravel()[i] = 0.0
+            elif wi >= 1:
+                out.ravel()[i] = 1.0
+            else:
+                # the lighter side
+                lo = scipy.integrate.quad(lambda t: math.exp(logf(t)), -1, wi, limit=500, epsabs=0, epsrel=1e-10)[0]
+                out.ravel()[i] = lo / total
+        return out
+
+    del vals
+    return cdf
+
+
+@pytest.mark.parametrize("d,k", [(2, 1.0), (3, 2.0), (4, 0.3), (5, 2.0), (7, 30.0), (40, 15.0)])
+def test_marginal_goodness_of_fit(d, k):
+    n = 3000
+    mu = unit(d, 11)
+    x = VonMisesFisher(mu, torch.tensor(k, dtype=F64)).sample((n,), generator=torch.Generator().manual_seed(7))
+    w = (x @ mu).numpy()
+    res = scipy.stats.kstest(w, _marginal_cdf(d, k))
+    assert res.pvalue > 1e-4, res
+
+
+def test_cap_area_uniform():
+    """kappa = 0 is uniform: P(mu^T x > t) equals the normalised cap area (closed form for d = 3: (1 - t)/2;
+    for d = 4 by the regularised incomplete beta)."""
+    n = 200000
+    for d, t in [(3, 0.3), (4, 0.5), (10, 0.2)]:
+        mu = unit(d, 4)
+        x = VonMisesFisher(mu, torch.tensor(0.0, dtype=F64)).sample((n,), generator=torch.Generator().manual_seed(d))
+        p_hat = ((x @ mu) > t).double().mean().item()
+        # cap fraction: (1/2) I_{1 - t^2}((d-1)/2, 1/2) for t >= 0
+        p = 0.5 * scipy.special.betainc((d - 1) / 2, 0.5, 1 - t * t)
+        assert abs(p_hat - p) <= Z * math.sqrt(p * (1 - p) / n)
+    u = HypersphericalUniform(5, dtype=F64)
+    xs = u.sample((n,), generator=torch.Generator().manual_seed(1))
+    assert (xs.mean(0).abs() <= Z / math.sqrt(5 * n)).all()
+
+
+# ---------------------------------------------------------------------------
+# densities against mpmath and SciPy
+
+
+@pytest.mark.parametrize("d,k", [(2, 0.0), (2, 1.5), (3, 1e-3), (5, 2.0), (64, 10.0), (512, 10.0), (1000, 1e5),
+                                 (100000, 1e-3), (100000, 1e8), (3, 1e9)])
+def test_log_normalizer_entropy_vs_mpmath(d, k):
+    v = VonMisesFisher(unit(d, 1), torch.tensor(k, dtype=F64))
+    lc = log_c_ref(d, k)
+    got = v.log_normalizer().item()
+    assert abs(got - lc) <= 4e-15 * max(1.0, abs(lc), k), (got, lc)
+    ent = -lc - k * A_ref(d, k)
+    assert abs(v.entropy().item() - ent) <= 1e-13 * max(1.0, abs(lc), k), (v.entropy().item(), ent)
+
+
+def test_log_prob_vs_scipy():
+    for d, k in [(3, 2.0), (10, 5.0), (64, 30.0), (512, 10.0)]:
+        mu = unit(d, 5)
+        v = VonMisesFisher(mu, torch.tensor(k, dtype=F64))
+        x = v.sample((50,), generator=torch.Generator().manual_seed(2))
+        sp = scipy.stats.vonmises_fisher(mu.numpy(), k)
+        ref_lp = sp.logpdf(x.numpy())
+        ours = v.log_prob(x).numpy()
+        if np.all(np.isfinite(ref_lp)):
+            np.testing.assert_allclose(ours, ref_lp, rtol=1e-11, atol=1e-11)
+        # and against the definition in mpmath
+        lc = log_c_ref(d, k)
+        np.testing.assert_allclose(ours, lc + k * (x @ mu).numpy(), rtol=1e-12, atol=1e-11)
+        if np.isfinite(sp.entropy()):
+            assert abs(v.entropy().item() - sp.entropy()) <= 1e-10 * max(1.0, abs(sp.entropy()))
+
+
+def test_log_normalizer_gradient_is_minus_A():
+    k = torch.tensor([0.0, 1e-8, 0.5, 30.0, 1e6], dtype=F64, requires_grad=True)
+    for d in (2, 3, 50):
+        v = VonMisesFisher(unit(d).expand(5, d), k)
+        (g,) = torch.autograd.grad(v.log_normalizer().sum(), k)
+        a = torch.tensor([A_ref(d, float(x)) for x in k.detach()], dtype=F64)
+        torch.testing.assert_close(g, -a, rtol=1e-14, atol=1e-300)
+
+
+def test_gradcheck_log_prob_entropy_kl():
+    d = 4
+    loc = unit(d, 2).requires_grad_(True)
+    k = torch.tensor(2.5, dtype=F64, requires_grad=True)
+    x = VonMisesFisher(loc.detach(), k.detach()).sample((3,))
+    loc2 = unit(d, 9)
+
+    def f(loc, k):
+        mu = loc / loc.norm()
+        p = VonMisesFisher(mu, k)
+        q = VonMisesFisher(loc2, k * 0.5 + 1.0)
+        return p.log_prob(x).sum(), p.entropy(), kl_divergence(p, q), kl_divergence(q, p), \
+            kl_divergence(p, HypersphericalUniform(d, dtype=F64))
+
+    assert torch.autograd.gradcheck(f, (loc, k))
+    assert torch.autograd.gradgradcheck(lambda k: VonMisesFisher(loc2, k).entropy(), (k,))
+
+
+@pytest.mark.parametrize("d", [2, 3, 10, 300])
+def test_kl_vs_mpmath_and_monte_carlo(d):
+    mq, mp_ = unit(d, 1), unit(d, 2)
+    for kq, kp in [(0.0, 3.0), (3.0, 0.0), (2.0, 7.0), (500.0, 40.0)]:
+        q = VonMisesFisher(mq, torch.tensor(kq, dtype=F64))
+        p = VonMisesFisher(mp_, torch.tensor(kp, dtype=F64))
+        kl = kl_divergence(q, p).item()
+        a = A_ref(d, kq)
+        exact = log_c_ref(d, kq) + kq * a - log_c_ref(d, kp) - kp * a * float(mq @ mp_)
+        assert abs(kl - exact) <= 1e-12 * max(1.0, abs(log_c_ref(d, kq)), kq, kp), (kl, exact)
+        x = q.sample((20000,), generator=torch.Generator().manual_seed(1))
+        lr = q.log_prob(x) - p.log_prob(x)
+        assert abs(lr.mean().item() - kl) <= Z * lr.std().item() / math.sqrt(len(lr)) + 1e-12
+    # KL(q || q) = 0, KL to uniform at kappa = 0 is 0
+    q = VonMisesFisher(mq, torch.tensor(1e4, dtype=F64))
+    assert abs(kl_divergence(q, q).item()) < 1e-9
+    u = HypersphericalUniform(d, dtype=F64)
+    assert kl_divergence(VonMisesFisher(mq, torch.tensor(0.0, dtype=F64)), u).item() == pytest.approx(0, abs=1e-12)
+    kq = 5.0
+    exact_u = log_c_ref(d, kq) + kq * A_ref(d, kq) + float(log_sphere_area(d))
+    assert kl_divergence(VonMisesFisher(mq, torch.tensor(kq, dtype=F64)), u).item() == pytest.approx(exact_u, rel=1e-12)
+
+
+def test_uniform_log_prob_entropy():
+    for d in (2, 3, 10, 1000):
+        u = HypersphericalUniform(d, dtype=F64)
+        with mpmath.workdps(30):
+            area = mpmath.log(2) + (mpmath.mpf(d) / 2) * mpmath.log(mpmath.pi) - mpmath.loggamma(mpmath.mpf(d) / 2)
+        assert u.entropy().item() == pytest.approx(float(area), rel=1e-14, abs=1e-14)
+        assert u.log_prob(unit(d)).item() == pytest.approx(-float(area), rel=1e-14, abs=1e-14)
+
+
+# ---------------------------------------------------------------------------
+# the implicit reparameterisation gradient
+
+
+def _dw_dkappa_mpmath(d, k, w):
+    """dw/dkappa = int_w^1 (t - A) f(t)/f(w) dt = -int_{-1}^w (...) dt, f(t) = exp(k t)(1-t^2)^((d-3)/2),
+    by adaptive tanh-sinh quadrature at 40 digits, on the side of w away from the mode (the other side
+    cancels); breakpoints at the mode and at scales around w."""
+    with mpmath.workdps(40):
+        w = mpmath.mpf(w)
+        A = mpmath.mpf(ref.ratio(0.5 * d, k)) if k > 0 else mpmath.mpf(0)
+        kk = mpmath.mpf(k)
+        e = mpmath.mpf(d - 3) / 2
+
+        def g(t):
+            lf = kk * (t - w)
+            if e != 0:
+                lf += e * (mpmath.log1p(-t * t) - mpmath.log1p(-w * w))
+            return (t - A) * mpmath.exp(lf)
+
+        m2 = d - 2
+        mode = 2 * kk / (m2 + mpmath.sqrt(m2 * m2 + 4 * kk * kk)) if m2 > 0 else mpmath.mpf(1)
+        sc = 1 / mpmath.sqrt(kk + d)
+        if w >= mode:
+            pts = [w] + [w + s for s in (sc / 100, sc / 10, sc, 10 * sc) if w + s < 1] + [mpmath.mpf(1)]
+            return mpmath.quad(g, pts)
+        pts = [mpmath.mpf(-1)] + [w - s for s in (10 * sc, sc, sc / 10, sc / 100) if w - s > -1] + [w]
+        return -mpmath.quad(g, pts)
+
+
+@pytest.mark.parametrize("d", [2, 3, 4, 5, 10, 64, 1000])
+def test_marginal_grad_vs_quadrature(d):
+    rows = []
+    for k in [1e-3, 0.7, 10.0, 300.0, 1e4]:
+        x = VonMisesFisher(unit(d), torch.tensor(k, dtype=F64)).sample((400,), generator=torch.Generator().manual_seed(1))
+        w = torch.sort(x @ unit(d))[0]
+        for q in (0.001, 0.1, 0.5, 0.9, 0.999):  # empirical quantiles of w
+            rows.append((k, float(w[int(q * (len(w) - 1))])))
+    omw = torch.tensor([1 - wi for _, wi in rows], dtype=F64)
+    kap = torch.tensor([k for k, _ in rows], dtype=F64)
+    ours = vmf.vmf_marginal_grad(omw, kap, d)
+    for (k, wi), o, om in zip(rows, ours.tolist(), omw.tolist()):
+        exact = _dw_dkappa_mpmath(d, k, 1 - om)  # the w the kernel sees
+        assert abs(o - float(exact)) <= 1e-6 * abs(float(exact)), (d, k, wi, o, float(exact))
+
+
+@pytest.mark.parametrize("d,k", [(2, 1.0), (3, 4.0), (5, 2.0), (16, 50.0), (128, 20.0), (1000, 5e3)])
+def test_rsample_gradient_is_unbiased(d, k):
+    """mean of d(mu^T x)/dkappa over samples -> A'_d(kappa) = 1 - A^2 - (d-1)A/kappa."""
+    n = 60000
+    mu = unit(d, 6)
+    # the op sums the gradient over samples: independent batches give the spread for the SE
+    per = []
+    for chunk in torch.split(torch.arange(n), n // 20):
+        kap_c = torch.tensor(k, dtype=F64, requires_grad=True)
+        xc = VonMisesFisher(mu, kap_c).rsample((len(chunk),), generator=torch.Generator().manual_seed(100 + int(chunk[0])))
+        (gc,) = torch.autograd.grad((xc @ mu).mean(), kap_c)
+        per.append(gc.item())
+    per = np.array(per)
+    target = dA_ref(d, k)
+    se = per.std(ddof=1) / math.sqrt(len(per))
+    assert abs(per.mean() - target) <= Z * se, (per.mean(), target, se)
+
+
+def test_naive_gradient_through_the_proposal_is_biased():
+    """Regression guard: differentiating Wood's accepted proposal w(z, b(kappa)) with z held fixed
+    (the s-vae-pytorch estimator) is biased -- 0.1276 instead of A' = 0.1474 at d = 5, kappa = 2."""
+    d, k, n = 5, 2.0, 200000
+    mu = unit(d, 6)
+    x = VonMisesFisher(mu, torch.tensor(k, dtype=F64)).sample((n,), generator=torch.Generator().manual_seed(9))
+    omw = (1 - x @ mu).clamp(min=0)
+    kap = torch.tensor(k, dtype=F64, requires_grad=True)
+    m = d - 1
+    b_fixed = m / (2 * k + math.sqrt(4 * k * k + m * m))
+    z = omw / (2 * b_fixed + omw * (1 - b_fixed))  # the accepted Beta variate, inverted from w
+    b = m / (2 * kap + torch.sqrt(4 * kap * kap + m * m))
+    w = (1 - (1 + b) * z) / (1 - (1 - b) * z)
+    per = torch.autograd.grad(w.sum(), kap)[0].item() / n
+    # per-sample spread for the SE
+    b0 = b.detach()
+    eps = 1e-6
+    b1 = m / (2 * (k + eps) + math.sqrt(4 * (k + eps) ** 2 + m * m))
+    gs = ((1 - (1 + b1) * z) / (1 - (1 - b1) * z) - (1 - (1 + b0) * z) / (1 - (1 - b0) * z)) / eps
+    se = gs.std().item() / math.sqrt(n)
+    target = dA_ref(d, k)
+    assert abs(target - 0.1474) < 1e-4
+    assert abs(per - 0.1276) <= Z * se
+    assert abs(per - target) > 10 * se
+
+
+def test_loc_gradient():
+    """d/dmu E[c^T x] = A(kappa) (I - mu mu^T) c / |loc| through the rotation (loc normalised)."""
+    d, k, n = 6, 3.0, 100000
+    loc = unit(d, 2).requires_grad_(True)
+    c = unit(d, 8)
+    x = VonMisesFisher(loc / loc.norm(), torch.tensor(k, dtype=F64)).rsample((n,), generator=torch.Generator().manual_seed(4))
+    (g,) = torch.autograd.grad((x @ c).mean(), loc)
+    mu = loc.detach()
+    exact = A_ref(d, k) * (c - (mu @ c) * mu)
+    # per-coordinate SE from batches
+    per = []
+    for s in range(20):
+        xs = VonMisesFisher(loc / loc.norm(), torch.tensor(k, dtype=F64)).rsample(
+            (n // 20,), generator=torch.Generator().manual_seed(50 + s))
+        per.append(torch.autograd.grad((xs @ c).mean(), loc)[0])
+    per = torch.stack(per)
+    se = per.std(0) / math.sqrt(20)
+    assert ((per.mean(0) - exact).abs() <= Z * se + 1e-12).all()
+    assert ((g - exact).abs() <= Z * se * math.sqrt(20) + 1e-12).all()
+
+
+# ---------------------------------------------------------------------------
+# fitting
+
+
+def test_fit_recovers_parameters_and_agrees_with_scipy():
+    for d, k in [(3, 0.5), (10, 20.0), (50, 500.0)]:
+        mu = unit(d, 3)
+        x = VonMisesFisher(mu, torch.tensor(k, dtype=F64)).sample((5000,), generator=torch.Generator().manual_seed(1))
+        loc, kap = fit_vmf(x)
+        sp_mu, sp_k = scipy.stats.vonmises_fisher.fit(x.numpy())
+        np.testing.assert_allclose(loc.numpy(), sp_mu, atol=1e-10)
+        assert kap.item() == pytest.approx(sp_k, rel=1e-8)
+        # the estimating equation A_d(kappa) = rbar, exactly
+        rbar = x.mean(0).norm().item()
+        assert A_ref(d, kap.item()) == pytest.approx(rbar, rel=1e-12)
+
+
+def test_fit_extremes_and_batching():
+    d = 4
+    # rbar -> 1: concentrated data; 1 - rbar from |x - mu|^2 / 2 keeps kappa accurate
+    mu = unit(d, 1)
+    x = VonMisesFisher(mu, torch.tensor(1e10, dtype=F64)).sample((1000,), generator=torch.Generator().manual_seed(2))
+    _, kap = fit_vmf(x)
+    assert kap.item() == pytest.approx(1e10, rel=0.1)
+    # rbar -> 0: symmetric data
+    xs = torch.cat([x, -x])
+    loc, kap0 = fit_vmf(xs)
+    assert kap0.item() < 1e-6
+    # identical points: kappa = inf, or as large as the rounding of mean/|mean| allows
+    _, kinf = fit_vmf(mu.expand(10, d))
+    assert kinf.item() > 1e25
+    # batched with weights
+    xb = torch.stack([x[:50], -x[:50]])
+    wts = torch.rand(2, 50, dtype=F64)
+    locb, kb = fit_vmf(xb, wts)
+    assert locb.shape == (2, d) and kb.shape == (2,)
+    l1, k1 = fit_vmf(xb[1], wts[1])
+    torch.testing.assert_close(locb[1], l1)
+    torch.testing.assert_close(kb[1], k1)
+    v = VonMisesFisher.fit(x[:100])
+    assert isinstance(v, VonMisesFisher)
+
+
+# ---------------------------------------------------------------------------
+# extremes and errors
+
+
+@pytest.mark.parametrize("d,k", [(100000, 1e8), (100000, 1e-3), (100000, 0.0), (2, 1e9), (3, 0.0), (2, 0.0)])
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("first", [1.0, -1.0, None])
+def test_extremes_finite_and_on_sphere(d, k, dtype, first):
+    if first is None:
+        mu = unit(d, 0, dtype)
+    else:
+        mu = torch.zeros(d, dtype=dtype)
+        mu[0] = first
+    kap = torch.tensor(k, dtype=dtype, requires_grad=True)
+    v = VonMisesFisher(mu, kap)
+    x = v.rsample((8,))
+    assert torch.isfinite(x).all()
+    tol = 1e-5 if dtype == torch.float32 else 1e-13
+    assert (x.double().norm(dim=-1) - 1).abs().max() <= tol  # (torch's float32 norm is too coarse at d = 1e5)
+    lp = v.log_prob(x)
+    assert torch.isfinite(lp).all()
+    (g,) = torch.autograd.grad(lp.sum() + (x[..., 0]).sum(), kap)
+    assert torch.isfinite(g)
+    assert torch.isfinite(v.entropy()) and torch.isfinite(v.variance).all()
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="concentration"):
+        VonMisesFisher(unit(3), torch.tensor(-1.0, dtype=F64), validate_args=True)
+    with pytest.raises(ValueError, match="loc"):
+        VonMisesFisher(torch.tensor([1.0, 1.0, 0.0], dtype=F64), 1.0, validate_args=True)
+    with pytest.raises(ValueError, match="dim must be at least 2"):
+        VonMisesFisher(torch.tensor([1.0], dtype=F64), 1.0)
+    with pytest.raises(ValueError, match="incompatible batch shapes"):
+        VonMisesFisher(torch.stack([unit(3)] * 3), torch.ones(2, dtype=F64))
+    with pytest.raises(ValueError, match="dim must be at least 2"):
+        HypersphericalUniform(1)
+    v = VonMisesFisher(unit(3), 1.0, validate_args=True)
+    with pytest.raises(ValueError):
+        v.log_prob(torch.tensor([2.0, 0.0, 0.0], dtype=F64))
+    with pytest.raises(RuntimeError, match="num_samples must be non-negative"):
+        vmf.vmf_sample(unit(3).unsqueeze(0), torch.ones(1, dtype=F64), -1, 0, 0)
+    with pytest.raises(RuntimeError, match="concentration must have shape"):
+        vmf.vmf_sample(unit(3).unsqueeze(0), torch.ones(2, dtype=F64), 1, 0, 0)
+    with pytest.raises(RuntimeError, match="dim must be at least 2"):
+        vmf.vmf_marginal_grad(torch.ones(2, dtype=F64), torch.ones(2, dtype=F64), 1)
+    # out-of-domain marginal gradient: NaN, documented
+    assert torch.isnan(vmf.vmf_marginal_grad(torch.tensor([-0.5, 2.5]), torch.tensor([1.0, 1.0]), 3)).all()
+    assert torch.isnan(vmf.vmf_marginal_grad(torch.tensor([0.5]), torch.tensor([-1.0]), 3)).all()
+
+
+def test_opcheck():
+    loc = torch.stack([unit(5, 1), unit(5, 2)])
+    kap = torch.tensor([1.0, 30.0], dtype=F64)
+    torch.library.opcheck(vmf.vmf_sample, (loc, kap, 3, 123, 0),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+    torch.library.opcheck(vmf.vmf_marginal_grad, (torch.tensor([0.1, 1.5], dtype=F64), kap, 5))
