@@ -521,3 +521,60 @@ def test_opcheck():
     torch.library.opcheck(vmf.vmf_sample, (loc, kap, 3, 123, 0),
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
     torch.library.opcheck(vmf.vmf_marginal_grad, (torch.tensor([0.1, 1.5], dtype=F64), kap, 5))
+
+
+# ---------------------------------------------------------------------------
+# the float Box-Muller of fast_normal.h (float32 tangent normals)
+
+
+@pytest.fixture(scope="module")
+def fast_normal_driver(tmp_path_factory):
+    import os
+    import shutil
+    import subprocess
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    exe = str(tmp_path_factory.mktemp("fastnorm") / "fast_normal_check")
+    # -O3: the batch routine must give the same bits when vectorised (and in its AVX2 clone)
+    subprocess.run([cxx, "-std=c++17", "-O3", "-ffp-contract=off", "-fno-math-errno", "-I",
+                    os.path.join(root, "csrc", "include"), os.path.join(root, "tests", "fast_normal_check.cpp"),
+                    "-o", exe], check=True)
+    return exe
+
+
+@pytest.mark.parametrize("seed,offset,row,n", [(0, 1, 0, 9), (2 ** 64 - 1, 2 ** 48 - 1, 2 ** 48 - 1, 130),
+                                               (987654321, 3, 12345, 4099)])
+def test_fast_normals(fast_normal_driver, seed, offset, row, n):
+    import subprocess
+
+    from .test_philox import np_stream_words
+
+    out = subprocess.run([fast_normal_driver, str(seed), str(offset), str(row), str(n)], check=True,
+                         capture_output=True, text=True).stdout.split("\n")
+    pairs = np.array([[float.fromhex(a) for a in line.split()] for line in out if line])
+    assert pairs.shape == (n, 2)
+    # the vectorised batch and the scalar (device) routine agree bit for bit
+    assert np.array_equal(pairs[:, 0], pairs[:, 1])
+    # against Box-Muller in float64 on the same words: u = (2k + 1) / 2^24, k = word >> 9
+    words = np.array(np_stream_words(seed, offset, row, (n + 3) // 4), dtype=np.uint64)
+    u = ((words >> np.uint64(9)) * 2 + 1).astype(np.float64) / 2.0 ** 24
+    r = np.sqrt(-2 * np.log(u[0::2]))
+    ang = 2 * np.pi * u[1::2]
+    exact = np.empty(2 * len(r))
+    exact[0::2], exact[1::2] = r * np.cos(ang), r * np.sin(ang)
+    err = np.abs(pairs[:, 0] - exact[:n])
+    assert np.all(err <= 4 * np.finfo(np.float32).eps * np.maximum(1.0, np.abs(exact[:n]))), err.max()
+
+
+def test_fast_normals_distribution():
+    """float32 vMF rows at mu = e_1, kappa = 0 are uniform directions; their tangent coordinates,
+    rescaled, are the normalised normals: check the normal law by a KS test on x_i sqrt(d) for d large."""
+    d = 20001
+    mu = torch.zeros(d)
+    mu[0] = 1
+    x = VonMisesFisher(mu, torch.tensor(0.0)).sample((2,), generator=torch.Generator().manual_seed(4))
+    z = (x[:, 1:] * math.sqrt(d)).double().reshape(-1).numpy()
+    assert scipy.stats.kstest(z, "norm").pvalue > 1e-4

@@ -9,6 +9,9 @@
 #include <cmath>
 #include <tuple>
 
+#include <type_traits>
+
+#include "vmfdist/fast_normal.h"
 #include "vmfdist/tensor_checks.h"
 #include "vmfdist/vmf.h"
 #include "vmfdist/vmf_checks.h"
@@ -16,30 +19,66 @@
 namespace vmfdist {
 namespace {
 
+// Pass 1 of a float32 row (the values are in x[0..n)): |e|^2 and mu.e, and |mu|^2 over
+// the same entries, with 8 independent double accumulators so the loop vectorises.
+VMF_TARGET_CLONES inline void row_sums_f32(const float* e, const float* mu, int64_t n, double* ee, double* me,
+                                           double* mm) {
+  double a[8] = {0}, b[8] = {0}, c[8] = {0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int l = 0; l < 8; ++l) {
+      const double ed = e[i + l], md = mu[i + l];
+      a[l] += ed * ed;
+      b[l] += md * ed;
+      c[l] += md * md;
+    }
+  }
+  for (int l = 0; i + l < n; ++l) {
+    const double ed = e[i + l], md = mu[i + l];
+    a[l] += ed * ed;
+    b[l] += md * ed;
+    c[l] += md * md;
+  }
+  *ee = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+  *me = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
+  *mm = ((c[0] + c[1]) + (c[2] + c[3])) + ((c[4] + c[5]) + (c[6] + c[7]));
+}
+
+// Pass 2 of a float32 row: x_i = sy e_i + mu_i c, in double, rounded once.
+VMF_TARGET_CLONES inline void row_rotate_f32(float* x, const float* mu, int64_t n, double sy, double c) {
+  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(sy * static_cast<double>(x[i]) + static_cast<double>(mu[i]) * c);
+}
+
 // One sample row: marginal, tangent normals written into x[1..d-1], then the
 // reflection applied in place.  mu is normalised on the fly (robust to loc that
-// is unit only to rounding).
+// is unit only to rounding).  float32 rows draw their normals with the float
+// Box-Muller of fast_normal.h (vectorised); other dtypes with the double one.
 template <class scalar_t>
 void sample_row(const scalar_t* mu, double kappa, int64_t d, uint64_t seed, uint64_t offset, uint64_t row,
                 scalar_t* x, scalar_t* omw_out) {
   const vmf::Marginal m = vmf::sample_marginal(seed, offset, row, static_cast<double>(d), kappa);
-  // pass 1: normals, |e|^2, mu_rest . e, |mu|^2
-  double ee = 0.0, me = 0.0, mm = static_cast<double>(mu[0]) * static_cast<double>(mu[0]);
   const int64_t nt = d - 1;
-  double z[4];
-  for (int64_t i = 0; i < nt; i += 4) {
-    vmf::normal4(seed, offset + 1, row, static_cast<uint32_t>(i >> 2), z);
-    const int64_t lim = nt - i < 4 ? nt - i : 4;
-    for (int64_t k = 0; k < lim; ++k) {
-      const scalar_t e = static_cast<scalar_t>(z[k]);
-      const double ed = static_cast<double>(e);
-      const double mi = static_cast<double>(mu[1 + i + k]);
-      x[1 + i + k] = e;
-      ee += ed * ed;
-      me += mi * ed;
-      mm += mi * mi;
+  double ee = 0.0, me = 0.0, mm = 0.0;
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    fastnorm::normals_f32(seed, offset + 1, row, nt, x + 1);
+    row_sums_f32(x + 1, mu + 1, nt, &ee, &me, &mm);
+  } else {
+    double z[4];
+    for (int64_t i = 0; i < nt; i += 4) {
+      vmf::normal4(seed, offset + 1, row, static_cast<uint32_t>(i >> 2), z);
+      const int64_t lim = nt - i < 4 ? nt - i : 4;
+      for (int64_t k = 0; k < lim; ++k) {
+        const scalar_t e = static_cast<scalar_t>(z[k]);
+        const double ed = static_cast<double>(e);
+        const double mi = static_cast<double>(mu[1 + i + k]);
+        x[1 + i + k] = e;
+        ee += ed * ed;
+        me += mi * ed;
+        mm += mi * mi;
+      }
     }
   }
+  mm += static_cast<double>(mu[0]) * static_cast<double>(mu[0]);
   const double inv_mu = 1.0 / std::sqrt(mm);
   const double scale = std::sqrt(m.omw * m.opw) / std::sqrt(ee);  // y_i = scale e_i
   const vmf::Reflection r = vmf::reflection(static_cast<double>(mu[0]) * inv_mu);
@@ -47,8 +86,12 @@ void sample_row(const scalar_t* mu, double kappa, int64_t d, uint64_t seed, uint
   const double c = sigma / r.den * inv_mu;  // sigma / den, times the normalisation of mu_i
   x[0] = static_cast<scalar_t>(r.sgn * (m.w - sigma));
   const double sy = r.sgn * scale;
-  for (int64_t i = 1; i < d; ++i) {
-    x[i] = static_cast<scalar_t>(sy * static_cast<double>(x[i]) + static_cast<double>(mu[i]) * c);
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    row_rotate_f32(x + 1, mu + 1, nt, sy, c);
+  } else {
+    for (int64_t i = 1; i < d; ++i) {
+      x[i] = static_cast<scalar_t>(sy * static_cast<double>(x[i]) + static_cast<double>(mu[i]) * c);
+    }
   }
   *omw_out = static_cast<scalar_t>(m.omw);
 }

@@ -13,8 +13,9 @@
 // Randomness (part of the reproducibility contract): sample row r (row-major over
 // (num_samples, batch)) draws its marginal from the Philox stream (seed, offset, r)
 // and its tangent normals from the stream (seed, offset + 1, r): block j of that
-// stream gives normals 4j .. 4j+3 (two Box-Muller pairs from 32-bit uniforms), so
-// any thread layout reproduces the same row.
+// stream gives normals 4j .. 4j+3 (two Box-Muller pairs; float32 samples use the
+// float Box-Muller of fast_normal.h, other dtypes normal4 below), so any thread
+// layout reproduces the same row.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,173 @@
+// Standard normals in float precision from Philox4x32-10, fast and bit-identical
+// on host and device.
+//
+// The float32 samplers (the vMF tangent direction, csrc/include/vmfdist/vmf.h)
+// need tens of millions of normals per second per core, which libm's double
+// log/sin/cos cannot give.  Here Box-Muller is written with branch-free float
+// polynomials (own derivations, below) so that
+//   * a loop over Philox blocks vectorises (the CPU batch routine normals_f32
+//     processes kLanes blocks at a time and is compiled for AVX2 and for the
+//     baseline ISA, chosen at run time), and
+//   * host and device evaluate the same float operations in the same order
+//     (no FMA contraction: -ffp-contract=off / --fmad=false), so a row's normals
+//     are the same bits on CPU and GPU.
+// Accuracy: log_unit and sincos_2pi are within a few float ulp of the exact
+// functions (tests/test_vmf.py checks them against float64 libm); the normals have
+// the granularity of 23-bit uniforms, so |z| <= sqrt(2 * 24 ln 2) ~ 5.77.
+//
+// Word use (part of the reproducibility contract): block j of stream
+// (seed, offset, row) gives normals 4j .. 4j+3, from the uniform pairs
+// (word 0, word 1) and (word 2, word 3), each word mapped to (2k + 1) / 2^24 with
+// k its top 23 bits.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "vmfdist/macros.h"
+#include "vmfdist/philox.h"
+
+namespace vmfdist {
+namespace fastnorm {
+
+VMF_INLINE uint32_t float_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+#endif
+}
+
+VMF_INLINE float bits_float(uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(b);
+#else
+  float x;
+  std::memcpy(&x, &b, sizeof x);
+  return x;
+#endif
+}
+
+// Uniform on (0, 1): (2k + 1) / 2^24 with k the top 23 bits of the word (exact in float).
+VMF_INLINE float uniform24(uint32_t w) { return static_cast<float>((w >> 9) * 2u + 1u) * 0x1p-24f; }
+
+// log(u) for normal positive u <= 1.  u = m 2^e with m in [sqrt(1/2), sqrt(2)),
+// log m = 2 atanh(s) = 2s (1 + s^2/3 + s^4/5 + s^6/7 + s^8/9 + ...), s = (m-1)/(m+1),
+// |s| <= 0.1716, so the first omitted term is below 2e-9 relative.
+VMF_INLINE float log_unit(float u) {
+  const uint32_t b = float_bits(u);
+  int32_t e = static_cast<int32_t>(b >> 23) - 127;
+  float m = bits_float((b & 0x007fffffu) | 0x3f800000u);  // [1, 2)
+  const bool big = m > 1.41421356f;
+  m = big ? 0.5f * m : m;
+  e += big ? 1 : 0;
+  const float s = (m - 1.0f) / (m + 1.0f);
+  const float s2 = s * s;
+  const float p = 1.0f + s2 * (0.333333343f + s2 * (0.200000003f + s2 * (0.142857149f + s2 * 0.111111112f)));
+  const float fe = static_cast<float>(e);
+  // ln 2 split so that fe * kLn2Hi is exact for |e| < 2^8
+  const float kLn2Hi = 0.693145752f, kLn2Lo = 1.42860677e-6f;
+  return fe * kLn2Hi + (fe * kLn2Lo + 2.0f * s * p);
+}
+
+// sin and cos of 2 pi u for u in (0, 1).  With q = round(4u) and f = u - q/4 in
+// [-1/8, 1/8] (exact), x = 2 pi f in [-pi/4, pi/4] and the quadrant q mod 4 rotates
+// (sin x, cos x).  Taylor polynomials to x^9 and x^10: errors below 2e-9.
+VMF_INLINE void sincos_2pi(float u, float* sn, float* cs) {
+  const float qf = static_cast<float>(static_cast<int32_t>(4.0f * u + 0.5f));
+  const float f = u - 0.25f * qf;
+  const float x = 6.28318548f * f;
+  const float x2 = x * x;
+  const float s = x * (1.0f + x2 * (-0.166666672f + x2 * (8.33333377e-3f + x2 * (-1.98412701e-4f + x2 * 2.75573188e-6f))));
+  const float c =
+      1.0f + x2 * (-0.5f + x2 * (4.16666679e-2f + x2 * (-1.38888892e-3f + x2 * (2.48015876e-5f + x2 * -2.75573188e-7f))));
+  const int32_t q = static_cast<int32_t>(qf) & 3;
+  const float s_out = (q == 0) ? s : (q == 1) ? c : (q == 2) ? -s : -c;
+  const float c_out = (q == 0) ? c : (q == 1) ? -s : (q == 2) ? -c : s;
+  *sn = s_out;
+  *cs = c_out;
+}
+
+// Box-Muller from two words.
+VMF_INLINE void box_muller_f(uint32_t w1, uint32_t w2, float* z0, float* z1) {
+  const float r = ::sqrtf(-2.0f * log_unit(uniform24(w1)));
+  float sn, cs;
+  sincos_2pi(uniform24(w2), &sn, &cs);
+  *z0 = r * cs;
+  *z1 = r * sn;
+}
+
+// Normals 4j .. 4j+3 of stream (seed, offset, row).
+VMF_INLINE void normal4_f32(uint64_t seed, uint64_t offset, uint64_t row, uint32_t j, float* z) {
+  const philox::U32x4 b = philox::stream_block(seed, offset, row, j);
+  box_muller_f(b.v[0], b.v[1], z, z + 1);
+  box_muller_f(b.v[2], b.v[3], z + 2, z + 3);
+}
+
+#if !defined(__CUDACC__)
+// ---- CPU batch routine -----------------------------------------------------
+// Normals [0, n) of stream (seed, offset, row) into out: the same values as
+// normal4_f32, computed kLanes blocks at a time in loops the compiler vectorises.
+constexpr int kLanes = 16;
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define VMF_TARGET_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define VMF_TARGET_CLONES
+#endif
+
+VMF_TARGET_CLONES inline void normals_f32_chunk(uint32_t j0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
+                                                uint32_t k1, float* out) {
+  uint32_t x0[kLanes], x1[kLanes], x2[kLanes], x3[kLanes];
+  for (int l = 0; l < kLanes; ++l) {
+    x0[l] = j0 + static_cast<uint32_t>(l);
+    x1[l] = c1;
+    x2[l] = c2;
+    x3[l] = c3;
+  }
+  for (int r = 0; r < philox::kDefaultRounds; ++r) {
+    const uint32_t rk0 = k0 + static_cast<uint32_t>(r) * philox::kWeyl0;
+    const uint32_t rk1 = k1 + static_cast<uint32_t>(r) * philox::kWeyl1;
+    for (int l = 0; l < kLanes; ++l) {
+      const uint64_t p0 = static_cast<uint64_t>(philox::kMul0) * x0[l];
+      const uint64_t p1 = static_cast<uint64_t>(philox::kMul1) * x2[l];
+      const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ x1[l] ^ rk0;
+      const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ x3[l] ^ rk1;
+      x1[l] = static_cast<uint32_t>(p1);
+      x3[l] = static_cast<uint32_t>(p0);
+      x0[l] = n0;
+      x2[l] = n2;
+    }
+  }
+  float z0[kLanes], z1[kLanes], z2[kLanes], z3[kLanes];
+  for (int l = 0; l < kLanes; ++l) {
+    box_muller_f(x0[l], x1[l], &z0[l], &z1[l]);
+    box_muller_f(x2[l], x3[l], &z2[l], &z3[l]);
+  }
+  for (int l = 0; l < kLanes; ++l) {
+    out[4 * l] = z0[l];
+    out[4 * l + 1] = z1[l];
+    out[4 * l + 2] = z2[l];
+    out[4 * l + 3] = z3[l];
+  }
+}
+
+inline void normals_f32(uint64_t seed, uint64_t offset, uint64_t row, int64_t n, float* out) {
+  const philox::U32x4 c = philox::stream_counter(offset, row, 0);
+  const uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+  int64_t i = 0;
+  for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
+    normals_f32_chunk(static_cast<uint32_t>(i >> 2), c.v[1], c.v[2], c.v[3], k0, k1, out + i);
+  }
+  if (i < n) {
+    float tail[4 * kLanes];
+    normals_f32_chunk(static_cast<uint32_t>(i >> 2), c.v[1], c.v[2], c.v[3], k0, k1, tail);
+    for (int64_t k = 0; i + k < n; ++k) out[i + k] = tail[k];
+  }
+}
+#endif  // !__CUDACC__
+
+}  // namespace fastnorm
+}  // namespace vmfdist
