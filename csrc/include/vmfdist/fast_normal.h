@@ -30,7 +30,7 @@
 namespace vmfdist {
 namespace fastnorm {
 
-VMF_INLINE uint32_t float_bits(float x) {
+VMF_FORCEINLINE uint32_t float_bits(float x) {
 #if defined(__CUDA_ARCH__)
   return __float_as_uint(x);
 #else
@@ -40,7 +40,7 @@ VMF_INLINE uint32_t float_bits(float x) {
 #endif
 }
 
-VMF_INLINE float bits_float(uint32_t b) {
+VMF_FORCEINLINE float bits_float(uint32_t b) {
 #if defined(__CUDA_ARCH__)
   return __uint_as_float(b);
 #else
@@ -51,18 +51,19 @@ VMF_INLINE float bits_float(uint32_t b) {
 }
 
 // Uniform on (0, 1): (2k + 1) / 2^24 with k the top 23 bits of the word (exact in float).
-VMF_INLINE float uniform24(uint32_t w) { return static_cast<float>((w >> 9) * 2u + 1u) * 0x1p-24f; }
+VMF_FORCEINLINE float uniform24(uint32_t w) { return static_cast<float>((w >> 9) * 2u + 1u) * 0x1p-24f; }
 
 // log(u) for normal positive u <= 1.  u = m 2^e with m in [sqrt(1/2), sqrt(2)),
 // log m = 2 atanh(s) = 2s (1 + s^2/3 + s^4/5 + s^6/7 + s^8/9 + ...), s = (m-1)/(m+1),
 // |s| <= 0.1716, so the first omitted term is below 2e-9 relative.
-VMF_INLINE float log_unit(float u) {
+VMF_FORCEINLINE float log_unit(float u) {
+  // Branch-free integer selects (so that loops over lanes vectorise).
   const uint32_t b = float_bits(u);
-  int32_t e = static_cast<int32_t>(b >> 23) - 127;
-  float m = bits_float((b & 0x007fffffu) | 0x3f800000u);  // [1, 2)
-  const bool big = m > 1.41421356f;
-  m = big ? 0.5f * m : m;
-  e += big ? 1 : 0;
+  uint32_t mb = (b & 0x007fffffu) | 0x3f800000u;          // m in [1, 2)
+  const uint32_t big = mb > 0x3fb504f3u ? 1u : 0u;         // m > sqrt(2) (float nearest)
+  mb -= big << 23;                                         // m / 2, exactly
+  const int32_t e = static_cast<int32_t>(b >> 23) - 127 + static_cast<int32_t>(big);
+  const float m = bits_float(mb);
   const float s = (m - 1.0f) / (m + 1.0f);
   const float s2 = s * s;
   const float p = 1.0f + s2 * (0.333333343f + s2 * (0.200000003f + s2 * (0.142857149f + s2 * 0.111111112f)));
@@ -74,24 +75,29 @@ VMF_INLINE float log_unit(float u) {
 
 // sin and cos of 2 pi u for u in (0, 1).  With q = round(4u) and f = u - q/4 in
 // [-1/8, 1/8] (exact), x = 2 pi f in [-pi/4, pi/4] and the quadrant q mod 4 rotates
-// (sin x, cos x).  Taylor polynomials to x^9 and x^10: errors below 2e-9.
-VMF_INLINE void sincos_2pi(float u, float* sn, float* cs) {
-  const float qf = static_cast<float>(static_cast<int32_t>(4.0f * u + 0.5f));
-  const float f = u - 0.25f * qf;
+// (sin x, cos x): sin -> (s, c, -s, -c)[q], cos -> (c, -s, -c, s)[q], done with bit
+// selects and sign flips.  Taylor polynomials to x^9 and x^10: errors below 2e-9.
+VMF_FORCEINLINE void sincos_2pi(float u, float* sn, float* cs) {
+  const int32_t qi = static_cast<int32_t>(4.0f * u + 0.5f);
+  const float f = u - 0.25f * static_cast<float>(qi);
   const float x = 6.28318548f * f;
   const float x2 = x * x;
   const float s = x * (1.0f + x2 * (-0.166666672f + x2 * (8.33333377e-3f + x2 * (-1.98412701e-4f + x2 * 2.75573188e-6f))));
   const float c =
       1.0f + x2 * (-0.5f + x2 * (4.16666679e-2f + x2 * (-1.38888892e-3f + x2 * (2.48015876e-5f + x2 * -2.75573188e-7f))));
-  const int32_t q = static_cast<int32_t>(qf) & 3;
-  const float s_out = (q == 0) ? s : (q == 1) ? c : (q == 2) ? -s : -c;
-  const float c_out = (q == 0) ? c : (q == 1) ? -s : (q == 2) ? -c : s;
-  *sn = s_out;
-  *cs = c_out;
+  const uint32_t q = static_cast<uint32_t>(qi) & 3u;
+  const uint32_t swap = 0u - (q & 1u);  // all ones for q = 1, 3
+  const uint32_t sb = float_bits(s), cb = float_bits(c);
+  const uint32_t sin_bits = (sb & ~swap) | (cb & swap);
+  const uint32_t cos_bits = (cb & ~swap) | (sb & swap);
+  const uint32_t sin_sign = (q & 2u) << 30;           // negate for q = 2, 3
+  const uint32_t cos_sign = ((q + 1u) & 2u) << 30;    // negate for q = 1, 2
+  *sn = bits_float(sin_bits ^ sin_sign);
+  *cs = bits_float(cos_bits ^ cos_sign);
 }
 
 // Box-Muller from two words.
-VMF_INLINE void box_muller_f(uint32_t w1, uint32_t w2, float* z0, float* z1) {
+VMF_FORCEINLINE void box_muller_f(uint32_t w1, uint32_t w2, float* z0, float* z1) {
   const float r = ::sqrtf(-2.0f * log_unit(uniform24(w1)));
   float sn, cs;
   sincos_2pi(uniform24(w2), &sn, &cs);
@@ -161,7 +167,13 @@ inline void normals_f32(uint64_t seed, uint64_t offset, uint64_t row, int64_t n,
   for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
     normals_f32_chunk(static_cast<uint32_t>(i >> 2), c.v[1], c.v[2], c.v[3], k0, k1, out + i);
   }
-  if (i < n) {
+  if (n - i <= 16) {  // a short tail (or a short row, small d): scalar blocks
+    for (; i < n; i += 4) {
+      float z[4];
+      normal4_f32(seed, offset, row, static_cast<uint32_t>(i >> 2), z);
+      for (int64_t k = 0; k < 4 && i + k < n; ++k) out[i + k] = z[k];
+    }
+  } else if (i < n) {
     float tail[4 * kLanes];
     normals_f32_chunk(static_cast<uint32_t>(i >> 2), c.v[1], c.v[2], c.v[3], k0, k1, tail);
     for (int64_t k = 0; i + k < n; ++k) out[i + k] = tail[k];

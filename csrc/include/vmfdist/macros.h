@@ -24,6 +24,15 @@
 
 #define VMF_INLINE VMF_HD inline
 
+// For small functions called inside loops that must vectorise (fast_normal.h).
+#if defined(__CUDACC__)
+#define VMF_FORCEINLINE VMF_HD __forceinline__
+#elif defined(__GNUC__)
+#define VMF_FORCEINLINE inline __attribute__((always_inline))
+#else
+#define VMF_FORCEINLINE inline
+#endif
+
 namespace vmfdist {
 // NaN/inf tests that behave the same in host and device code (no -ffast-math here).
 VMF_INLINE bool is_nan(double x) { return x != x; }
