@@ -53,6 +53,8 @@ def main(argv=None):
         a45 = float(special.log_bessel_iv_series(n, x)) if nu <= 1e4 else float("nan")
         print(f"{nu:>8g} {zz:>8g} {ex:>22.15g} {a44:>14.6g} {a45:>22.15g}")
 
+    _vmf_table()
+
     try:
         import matplotlib
 
@@ -80,6 +82,25 @@ def main(argv=None):
     path = os.path.join(args.out, "ratio_approximations.png")
     fig.savefig(path, dpi=120)
     print(f"\nplot written to {path}")
+
+
+def _vmf_table():
+    """Sample the von Mises-Fisher distribution and check the moments and the gradient."""
+    from .distributions import VonMisesFisher
+
+    print("\nvon Mises-Fisher: 20000 samples, E[mu^T x] vs A_d(kappa), mean d(mu^T x)/dkappa vs A'_d(kappa)")
+    print(f"{'d':>6} {'kappa':>8} {'E[w] (MC)':>12} {'A_d':>12} {'grad (MC)':>12} {'A_d prime':>12}")
+    gen = torch.Generator().manual_seed(0)
+    for d, k in [(3, 5.0), (5, 2.0), (64, 10.0), (512, 1e3), (4096, 1e4)]:
+        mu = torch.zeros(d, dtype=torch.float64)
+        mu[0] = 1.0
+        kappa = torch.tensor(k, dtype=torch.float64, requires_grad=True)
+        q = VonMisesFisher(mu, kappa)
+        w = q.rsample((20000,), generator=gen)[:, 0]
+        (g,) = torch.autograd.grad(w.mean(), kappa)
+        a = float(q.mean_resultant_length.detach())
+        da = 1 - a * a - (d - 1) * a / k
+        print(f"{d:>6} {k:>8g} {float(w.detach().mean()):>12.6f} {a:>12.6f} {float(g):>12.6f} {da:>12.6f}")
 
 
 if __name__ == "__main__":
