@@ -578,3 +578,22 @@ def test_fast_normals_distribution():
     x = VonMisesFisher(mu, torch.tensor(0.0)).sample((2,), generator=torch.Generator().manual_seed(4))
     z = (x[:, 1:] * math.sqrt(d)).double().reshape(-1).numpy()
     assert scipy.stats.kstest(z, "norm").pvalue > 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_cuda_matches_cpu(dtype):
+    """Same seed: the same samples on the GPU as on the CPU, up to rounding of the double
+    transcendental functions (an acceptance decision may flip in a vanishing fraction of rows)."""
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA not available")
+    for d, k in [(3, 5.0), (16, 100.0), (300, 1e3), (5000, 1e4)]:
+        loc = torch.stack([unit(d, 1, dtype), unit(d, 2, dtype, first=-1.0)])
+        kap = torch.tensor([k, 0.1 * k], dtype=dtype)
+        x_cpu, o_cpu = vmf.vmf_sample(loc, kap, 257, 42, 0)
+        x_gpu, o_gpu = vmf.vmf_sample(loc.cuda(), kap.cuda(), 257, 42, 0)
+        tol = 1e-5 if dtype == torch.float32 else 1e-12
+        close = ((x_cpu - x_gpu.cpu()).abs().amax(-1) <= tol)
+        assert close.double().mean() >= 0.995
+        g_cpu = vmf.vmf_marginal_grad(o_cpu, kap, d)
+        g_gpu = vmf.vmf_marginal_grad(o_cpu.cuda(), kap.cuda(), d).cpu()
+        torch.testing.assert_close(g_gpu, g_cpu, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=0)
