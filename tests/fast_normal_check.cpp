@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
   const uint64_t row = std::strtoull(argv[3], nullptr, 10);
   const int64_t n = std::strtoll(argv[4], nullptr, 10);
   std::vector<float> batch(n);
-  vmfdist::fastnorm::normals_f32(seed, offset, row, n, batch.data());
+  vmfdist::fastnorm::normals_f32(seed, offset, row, 0, n, batch.data());
   for (int64_t i = 0; i < n; i += 4) {
     float z[4];
     vmfdist::fastnorm::normal4_f32(seed, offset, row, static_cast<uint32_t>(i / 4), z);

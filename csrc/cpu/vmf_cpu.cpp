@@ -19,22 +19,23 @@
 namespace vmfdist {
 namespace {
 
-// Pass 1 of a float32 row (the values are in x[0..n)): |e|^2 and mu.e, and |mu|^2 over
-// the same entries, with 8 independent double accumulators so the loop vectorises.
-VMF_TARGET_CLONES inline void row_sums_f32(const float* e, const float* mu, int64_t n, double* ee, double* me,
-                                           double* mm) {
+// Pass 1 of a row (the normals are in e[0..n)): |e|^2, mu.e and |mu|^2 over the same
+// entries, with 8 independent double accumulators so the loop vectorises.
+template <class scalar_t>
+VMF_TARGET_CLONES inline void row_sums(const scalar_t* e, const scalar_t* mu, int64_t n, double* ee, double* me,
+                                       double* mm) {
   double a[8] = {0}, b[8] = {0}, c[8] = {0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     for (int l = 0; l < 8; ++l) {
-      const double ed = e[i + l], md = mu[i + l];
+      const double ed = static_cast<double>(e[i + l]), md = static_cast<double>(mu[i + l]);
       a[l] += ed * ed;
       b[l] += md * ed;
       c[l] += md * md;
     }
   }
   for (int l = 0; i + l < n; ++l) {
-    const double ed = e[i + l], md = mu[i + l];
+    const double ed = static_cast<double>(e[i + l]), md = static_cast<double>(mu[i + l]);
     a[l] += ed * ed;
     b[l] += md * ed;
     c[l] += md * md;
@@ -44,40 +45,26 @@ VMF_TARGET_CLONES inline void row_sums_f32(const float* e, const float* mu, int6
   *mm = ((c[0] + c[1]) + (c[2] + c[3])) + ((c[4] + c[5]) + (c[6] + c[7]));
 }
 
-// Pass 2 of a float32 row: x_i = sy e_i + mu_i c, in double, rounded once.
-VMF_TARGET_CLONES inline void row_rotate_f32(float* x, const float* mu, int64_t n, double sy, double c) {
-  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(sy * static_cast<double>(x[i]) + static_cast<double>(mu[i]) * c);
+// Pass 2 of a row: x_i = sy e_i + mu_i c, in double, rounded once.
+template <class scalar_t>
+VMF_TARGET_CLONES inline void row_rotate(scalar_t* x, const scalar_t* mu, int64_t n, double sy, double c) {
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = static_cast<scalar_t>(sy * static_cast<double>(x[i]) + static_cast<double>(mu[i]) * c);
+  }
 }
 
 // One sample row: marginal, tangent normals written into x[1..d-1], then the
 // reflection applied in place.  mu is normalised on the fly (robust to loc that
-// is unit only to rounding).  float32 rows draw their normals with the float
-// Box-Muller of fast_normal.h (vectorised); other dtypes with the double one.
+// is unit only to rounding).  The normals come from fast_normal.h (fill_normals:
+// the vectorised float Box-Muller for float32, the double one otherwise).
 template <class scalar_t>
 void sample_row(const scalar_t* mu, double kappa, int64_t d, uint64_t seed, uint64_t offset, uint64_t row,
                 scalar_t* x, scalar_t* omw_out) {
   const vmf::Marginal m = vmf::sample_marginal(seed, offset, row, static_cast<double>(d), kappa);
   const int64_t nt = d - 1;
   double ee = 0.0, me = 0.0, mm = 0.0;
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    fastnorm::normals_f32(seed, offset + 1, row, nt, x + 1);
-    row_sums_f32(x + 1, mu + 1, nt, &ee, &me, &mm);
-  } else {
-    double z[4];
-    for (int64_t i = 0; i < nt; i += 4) {
-      vmf::normal4(seed, offset + 1, row, static_cast<uint32_t>(i >> 2), z);
-      const int64_t lim = nt - i < 4 ? nt - i : 4;
-      for (int64_t k = 0; k < lim; ++k) {
-        const scalar_t e = static_cast<scalar_t>(z[k]);
-        const double ed = static_cast<double>(e);
-        const double mi = static_cast<double>(mu[1 + i + k]);
-        x[1 + i + k] = e;
-        ee += ed * ed;
-        me += mi * ed;
-        mm += mi * mi;
-      }
-    }
-  }
+  fastnorm::fill_normals<scalar_t>(seed, offset + 1, row, 0, nt, x + 1);
+  row_sums<scalar_t>(x + 1, mu + 1, nt, &ee, &me, &mm);
   mm += static_cast<double>(mu[0]) * static_cast<double>(mu[0]);
   const double inv_mu = 1.0 / std::sqrt(mm);
   const double scale = std::sqrt(m.omw * m.opw) / std::sqrt(ee);  // y_i = scale e_i
@@ -86,13 +73,7 @@ void sample_row(const scalar_t* mu, double kappa, int64_t d, uint64_t seed, uint
   const double c = sigma / r.den * inv_mu;  // sigma / den, times the normalisation of mu_i
   x[0] = static_cast<scalar_t>(r.sgn * (m.w - sigma));
   const double sy = r.sgn * scale;
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    row_rotate_f32(x + 1, mu + 1, nt, sy, c);
-  } else {
-    for (int64_t i = 1; i < d; ++i) {
-      x[i] = static_cast<scalar_t>(sy * static_cast<double>(x[i]) + static_cast<double>(mu[i]) * c);
-    }
-  }
+  row_rotate<scalar_t>(x + 1, mu + 1, nt, sy, c);
   *omw_out = static_cast<scalar_t>(m.omw);
 }
 

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "vmfdist/macros.h"
 #include "vmfdist/philox.h"
@@ -112,6 +113,31 @@ VMF_INLINE void normal4_f32(uint64_t seed, uint64_t offset, uint64_t row, uint32
   box_muller_f(b.v[2], b.v[3], z + 2, z + 3);
 }
 
+// ---- double precision --------------------------------------------------------
+// Uniform on (0, 1) from a 32-bit word: (k + 1/2) 2^-32, exact in double.
+VMF_INLINE double uniform_u32_f64(uint32_t k) { return (static_cast<double>(k) + 0.5) * 0x1p-32; }
+
+// Normals 4j .. 4j+3 of stream (seed, offset, row) by Box-Muller in double (libm),
+// for float64 (and half/bfloat16) outputs: the same words as normal4_f32, finer uniforms.
+VMF_INLINE void normal4_f64(uint64_t seed, uint64_t offset, uint64_t row, uint32_t j, double* z) {
+  const philox::U32x4 b = philox::stream_block(seed, offset, row, j);
+  philox::box_muller(uniform_u32_f64(b.v[0]), uniform_u32_f64(b.v[1]), z, z + 1);
+  philox::box_muller(uniform_u32_f64(b.v[2]), uniform_u32_f64(b.v[3]), z + 2, z + 3);
+}
+
+// The normals of an output of type scalar_t: float32 uses the float Box-Muller (the
+// vectorised CPU routine gives the same bits), every other type the double one.
+template <class scalar_t>
+VMF_INLINE void normal4_for(uint64_t seed, uint64_t offset, uint64_t row, uint32_t j, double* z) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    float zf[4];
+    normal4_f32(seed, offset, row, j, zf);
+    for (int k = 0; k < 4; ++k) z[k] = zf[k];
+  } else {
+    normal4_f64(seed, offset, row, j, z);
+  }
+}
+
 #if !defined(__CUDACC__)
 // ---- CPU batch routine -----------------------------------------------------
 // Normals [0, n) of stream (seed, offset, row) into out: the same values as
@@ -160,23 +186,39 @@ VMF_TARGET_CLONES inline void normals_f32_chunk(uint32_t j0, uint32_t c1, uint32
   }
 }
 
-inline void normals_f32(uint64_t seed, uint64_t offset, uint64_t row, int64_t n, float* out) {
+// Normals [4 j0, 4 j0 + n) of stream (seed, offset, row) into out (float).
+inline void normals_f32(uint64_t seed, uint64_t offset, uint64_t row, uint32_t j0, int64_t n, float* out) {
   const philox::U32x4 c = philox::stream_counter(offset, row, 0);
   const uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
   int64_t i = 0;
   for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
-    normals_f32_chunk(static_cast<uint32_t>(i >> 2), c.v[1], c.v[2], c.v[3], k0, k1, out + i);
+    normals_f32_chunk(j0 + static_cast<uint32_t>(i >> 2), c.v[1], c.v[2], c.v[3], k0, k1, out + i);
   }
   if (n - i <= 16) {  // a short tail (or a short row, small d): scalar blocks
     for (; i < n; i += 4) {
       float z[4];
-      normal4_f32(seed, offset, row, static_cast<uint32_t>(i >> 2), z);
+      normal4_f32(seed, offset, row, j0 + static_cast<uint32_t>(i >> 2), z);
       for (int64_t k = 0; k < 4 && i + k < n; ++k) out[i + k] = z[k];
     }
   } else if (i < n) {
     float tail[4 * kLanes];
-    normals_f32_chunk(static_cast<uint32_t>(i >> 2), c.v[1], c.v[2], c.v[3], k0, k1, tail);
+    normals_f32_chunk(j0 + static_cast<uint32_t>(i >> 2), c.v[1], c.v[2], c.v[3], k0, k1, tail);
     for (int64_t k = 0; i + k < n; ++k) out[i + k] = tail[k];
+  }
+}
+
+// The same for any output type (see normal4_for): float32 through the vectorised
+// routine, other types through normal4_f64, rounded once.
+template <class scalar_t>
+inline void fill_normals(uint64_t seed, uint64_t offset, uint64_t row, uint32_t j0, int64_t n, scalar_t* out) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    normals_f32(seed, offset, row, j0, n, out);
+  } else {
+    double z[4];
+    for (int64_t i = 0; i < n; i += 4) {
+      normal4_f64(seed, offset, row, j0 + static_cast<uint32_t>(i >> 2), z);
+      for (int64_t k = 0; k < 4 && i + k < n; ++k) out[i + k] = static_cast<scalar_t>(z[k]);
+    }
   }
 }
 #endif  // !__CUDACC__

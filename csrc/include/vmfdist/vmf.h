@@ -14,7 +14,7 @@
 // (num_samples, batch)) draws its marginal from the Philox stream (seed, offset, r)
 // and its tangent normals from the stream (seed, offset + 1, r): block j of that
 // stream gives normals 4j .. 4j+3 (two Box-Muller pairs; float32 samples use the
-// float Box-Muller of fast_normal.h, other dtypes normal4 below), so any thread
+// float Box-Muller, other dtypes the double one: fast_normal.h), so any thread
 // layout reproduces the same row.
 #pragma once
 
@@ -35,16 +35,6 @@ VMF_CONSTANT double kTwoPi = 6.28318530717958647692528676655900577;
 struct Marginal {
   double w, omw, opw;  // w, 1 - w, 1 + w
 };
-
-// Uniform on (0, 1) from a 32-bit word: (k + 1/2) 2^-32, exact in double.
-VMF_INLINE double uniform_u32(uint32_t k) { return (static_cast<double>(k) + 0.5) * 0x1p-32; }
-
-// Normals 4j .. 4j+3 of a tangent stream: Box-Muller on the four words of block j.
-VMF_INLINE void normal4(uint64_t seed, uint64_t offset, uint64_t row, uint32_t j, double* z) {
-  const philox::U32x4 b = philox::stream_block(seed, offset, row, j);
-  philox::box_muller(uniform_u32(b.v[0]), uniform_u32(b.v[1]), z, z + 1);
-  philox::box_muller(uniform_u32(b.v[2]), uniform_u32(b.v[3]), z + 2, z + 3);
-}
 
 // z ~ Beta(a, a) for a >= 1, with z' = 1 - z, from one Gamma and one normal: if
 // T ~ Student-t with 2a degrees of freedom then (1 + T / sqrt(2a + T^2)) / 2 ~
