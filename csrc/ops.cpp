@@ -45,6 +45,14 @@ TORCH_LIBRARY(vmfdist, m) {
   // reparameterisation; elementwise, broadcasting).
   m.def("vmf_marginal_grad(Tensor one_minus_w, Tensor concentration, int dim) -> Tensor");
 
+  // ---- Radial noise (csrc/include/vmfdist/radial.h) ----
+  // out[s] = loc + scale * eps_s * r_s / |eps_s| (|.| over the event, or per row of the
+  // last dimension when rowwise); returns (out (num_samples, *loc.shape), coef = r / |eps|
+  // of shape (num_samples,) or (num_samples, rows), always float64).  Streams (seed, offset) and (seed, offset + 1).
+  m.def("radial_noise(Tensor loc, Tensor scale, int num_samples, int seed, int offset, bool rowwise=False) -> (Tensor, Tensor)");
+  // sum_s grad[s] * eps_s * coef_s with eps regenerated from the streams: d/dscale of radial_noise.
+  m.def("radial_noise_scale_grad(Tensor grad, Tensor coef, int seed, int offset, bool rowwise=False) -> Tensor");
+
   // ---- Counter-based randomness (Philox4x32-10, csrc/include/vmfdist/philox.h) ----
   // Raw Philox4x32 blocks: counter (n, 4) and key (n, 2) hold uint32 values in int64.
   m.def("philox4x32(Tensor counter, Tensor key, int rounds=10) -> Tensor");

@@ -1,7 +1,12 @@
 """Distributions in the :mod:`torch.distributions` API, with registered KL divergences.
 
 * :class:`VonMisesFisher`, :class:`HypersphericalUniform` (``von_mises_fisher.py``)
+* :class:`Radial`, :func:`radial_noise`, :func:`kl_radial_radial` (``radial.py``)
+* KL divergences torch lacks for the radius priors: LogNormal||Gamma,
+  LogNormal||InverseGamma, Weibull||Weibull (``kl.py``)
 """
+from . import kl  # noqa: F401  (registers the KL divergences)
+from .radial import Radial, kl_radial_radial, radial_noise  # noqa: F401
 from .von_mises_fisher import (  # noqa: F401
     HypersphericalUniform,
     VonMisesFisher,
@@ -13,6 +18,9 @@ from .von_mises_fisher import (  # noqa: F401
 )
 
 __all__ = [
+    "Radial",
+    "radial_noise",
+    "kl_radial_radial",
     "VonMisesFisher",
     "HypersphericalUniform",
     "fit_vmf",

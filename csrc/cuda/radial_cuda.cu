@@ -1,0 +1,169 @@
+// CUDA kernels of the fused radial noise (math and stream layout: vmfdist/radial.h),
+// the same passes as csrc/cpu/radial_cpu.cpp: (1) one thread block per chunk writes
+// the normals into the output and reduces their squares; (2) one thread per group
+// adds the chunk sums in order and draws the radius; (3) an elementwise pass forms
+// loc + scale * eps * coef in place.  The scale gradient regenerates eps per element.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <tuple>
+#include <vector>
+
+#include "vmfdist/radial.h"
+#include "vmfdist/radial_checks.h"
+
+namespace vmfdist {
+namespace {
+
+using radial::kRadialChunk;
+constexpr int kThreads = 256;
+
+inline int grid_for(int64_t items, int64_t per_block) {
+  const int64_t b = (items + per_block - 1) / per_block;
+  const int64_t cap = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 32;
+  return static_cast<int>(b < cap ? (b > 0 ? b : 1) : cap);
+}
+
+template <class scalar_t>
+__global__ void radial_pass1(scalar_t* __restrict__ out, double* __restrict__ partial, int64_t units,
+                             int64_t nchunk, int64_t length, uint64_t seed, uint64_t offset) {
+  __shared__ double red[kThreads];
+  for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+    const int64_t t = u / nchunk, c = u % nchunk;
+    const int64_t start = c * kRadialChunk;
+    const int64_t n = min(kRadialChunk, length - start);
+    scalar_t* dst = out + t * length + start;
+    double acc = 0.0;
+    for (int64_t q = threadIdx.x; 4 * q < n; q += blockDim.x) {
+      double z[4];
+      fastnorm::normal4_for<scalar_t>(seed, offset, static_cast<uint64_t>(t), static_cast<uint32_t>((start >> 2) + q), z);
+      for (int k = 0; k < 4; ++k) {
+        const int64_t i = 4 * q + k;
+        if (i < n) {
+          const scalar_t e = static_cast<scalar_t>(z[k]);
+          dst[i] = e;
+          const double ed = static_cast<double>(e);
+          acc += ed * ed;
+        }
+      }
+    }
+    red[threadIdx.x] = acc;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+      if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) partial[u] = red[0];
+    __syncthreads();
+  }
+}
+
+__global__ void radial_coef(const double* __restrict__ partial, double* __restrict__ coef, int64_t streams,
+                            int64_t nchunk, uint64_t seed, uint64_t offset) {
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < streams;
+       t += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    double ss = 0.0;
+    for (int64_t c = 0; c < nchunk; ++c) ss += partial[t * nchunk + c];
+    coef[t] = radial::group_coef(seed, offset, static_cast<uint64_t>(t), ss);
+  }
+}
+
+template <class scalar_t>
+__global__ void radial_pass2(scalar_t* __restrict__ out, const scalar_t* __restrict__ loc,
+                             const scalar_t* __restrict__ scale, const double* __restrict__ coef, int64_t total,
+                             int64_t length, int64_t event) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t j = i % event;  // position in the event
+    const int64_t t = i / length;  // stream index s * groups + g
+    out[i] = static_cast<scalar_t>(static_cast<double>(loc[j]) +
+                                   static_cast<double>(scale[j]) * (static_cast<double>(out[i]) * coef[t]));
+  }
+}
+
+template <class scalar_t>
+__global__ void radial_scale_grad_kernel(const scalar_t* __restrict__ grad, const double* __restrict__ coef,
+                                         scalar_t* __restrict__ out, int64_t S, int64_t groups, int64_t length,
+                                         uint64_t seed, uint64_t offset) {
+  const int64_t event = groups * length;
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < event;
+       j += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t g = j / length, k = j % length;
+    double acc = 0.0;
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t t = s * groups + g;
+      double z[4];
+      fastnorm::normal4_for<scalar_t>(seed, offset, static_cast<uint64_t>(t), static_cast<uint32_t>(k >> 2), z);
+      const double e = static_cast<double>(static_cast<scalar_t>(z[k & 3]));
+      acc += static_cast<double>(grad[s * event + j]) * (e * coef[t]);
+    }
+    out[j] = static_cast<scalar_t>(acc);
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> radial_noise_cuda(const at::Tensor& loc_in, const at::Tensor& scale_in,
+                                                     int64_t num_samples, int64_t seed, int64_t offset,
+                                                     bool rowwise) {
+  const RadialLayout lay = check_radial_args(loc_in, scale_in, num_samples, offset, rowwise);
+  const c10::cuda::CUDAGuard guard(loc_in.device());
+  const at::Tensor loc = loc_in.contiguous(), scale = scale_in.contiguous();
+  std::vector<int64_t> out_shape{num_samples};
+  for (const int64_t s : loc.sizes()) out_shape.push_back(s);
+  at::Tensor out = at::empty(out_shape, loc.options());
+  at::Tensor coef = rowwise ? at::empty({num_samples, lay.groups}, loc.options().dtype(at::kDouble))
+                            : at::empty({num_samples}, loc.options().dtype(at::kDouble));
+  const int64_t streams = num_samples * lay.groups;
+  if (streams == 0 || lay.length == 0) {
+    coef.zero_();
+    return {out, coef};
+  }
+  const int64_t nchunk = (lay.length + kRadialChunk - 1) / kRadialChunk;
+  const int64_t units = streams * nchunk;
+  at::Tensor partial = at::empty({units}, loc.options().dtype(at::kDouble));
+  const uint64_t sd = static_cast<uint64_t>(seed), of = static_cast<uint64_t>(offset);
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  const int64_t event = lay.groups * lay.length;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, loc.scalar_type(), "radial_noise", [&] {
+    radial_pass1<scalar_t><<<grid_for(units, 1), kThreads, 0, stream>>>(
+        out.mutable_data_ptr<scalar_t>(), partial.mutable_data_ptr<double>(), units, nchunk, lay.length, sd, of);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    radial_coef<<<grid_for(streams, kThreads), kThreads, 0, stream>>>(
+        partial.const_data_ptr<double>(), coef.mutable_data_ptr<double>(), streams, nchunk, sd, of);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    radial_pass2<scalar_t><<<grid_for(streams * lay.length, kThreads), kThreads, 0, stream>>>(
+        out.mutable_data_ptr<scalar_t>(), loc.const_data_ptr<scalar_t>(), scale.const_data_ptr<scalar_t>(),
+        coef.const_data_ptr<double>(), streams * lay.length, lay.length, event);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return {out, coef};
+}
+
+at::Tensor radial_noise_scale_grad_cuda(const at::Tensor& grad_in, const at::Tensor& coef_in, int64_t seed,
+                                        int64_t offset, bool rowwise) {
+  const RadialLayout lay = check_radial_grad_args(grad_in, coef_in, offset, rowwise);
+  const c10::cuda::CUDAGuard guard(grad_in.device());
+  const at::Tensor grad = grad_in.contiguous();
+  const at::Tensor coef = coef_in.to(at::kDouble).contiguous();
+  at::Tensor out = at::empty(grad.sizes().slice(1), grad.options());
+  const int64_t event = lay.groups * lay.length;
+  if (event == 0) return out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "radial_noise_scale_grad", [&] {
+    radial_scale_grad_kernel<scalar_t><<<grid_for(event, kThreads), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        grad.const_data_ptr<scalar_t>(), coef.const_data_ptr<double>(), out.mutable_data_ptr<scalar_t>(),
+        grad.size(0), lay.groups, lay.length, static_cast<uint64_t>(seed), static_cast<uint64_t>(offset));
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(vmfdist, CUDA, m) {
+  m.impl("radial_noise", &radial_noise_cuda);
+  m.impl("radial_noise_scale_grad", &radial_noise_scale_grad_cuda);
+}
+
+}  // namespace vmfdist

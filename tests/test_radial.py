@@ -1,0 +1,244 @@
+"""Tests of the Radial distribution, the fused radial noise op and the radius-prior KLs.
+
+References: SciPy quadrature (normalisation, entropy, KL for small D), closed forms,
+and Monte Carlo with tolerances from standard errors.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import scipy.integrate
+import scipy.special
+import scipy.stats
+import torch
+from torch.distributions import Gamma, Independent, InverseGamma, LogNormal, Normal, Weibull, kl_divergence
+
+from vmfdist.distributions import Radial, kl_radial_radial, radial_noise
+from vmfdist.ops import vmf
+
+F64 = torch.float64
+Z = 4.5  # standard errors allowed
+
+
+def radial(shape, seed=0, dtype=F64):
+    g = torch.Generator().manual_seed(seed)
+    loc = torch.randn(shape, generator=g, dtype=F64)
+    scale = torch.rand(shape, generator=g, dtype=F64) + 0.3
+    return Radial(loc.to(dtype), scale.to(dtype))
+
+
+def _density(q, w):
+    return math.exp(q.log_prob(torch.tensor(w, dtype=F64).reshape(q.event_shape)).item())
+
+
+# ---------------------------------------------------------------------------
+# the density
+
+
+def test_log_prob_integrates_to_one_d1():
+    q = radial((1,), 1)
+    m, s = q.loc.item(), q.scale.item()
+    total = scipy.integrate.quad(lambda w: _density(q, [w]), -math.inf, math.inf, points=None)[0]
+    assert total == pytest.approx(1.0, abs=1e-9)
+    # D = 1 is the normal distribution
+    for w in (-1.0, 0.3, 2.0):
+        assert q.log_prob(torch.tensor([w], dtype=F64)).item() == pytest.approx(
+            scipy.stats.norm(m, s).logpdf(w), rel=1e-13)
+
+
+def test_log_prob_integrates_to_one_d2():
+    q = radial((2,), 2)
+    mu, sg = q.loc.numpy(), q.scale.numpy()
+
+    def f(theta, rho):  # w = mu + sigma * rho (cos, sin); dw = s1 s2 rho drho dtheta
+        w = mu + sg * rho * np.array([math.cos(theta), math.sin(theta)])
+        return _density(q, w) * sg.prod() * rho
+
+    total = scipy.integrate.dblquad(f, 0, 12, 0, 2 * math.pi, epsabs=1e-11, epsrel=1e-10)[0]
+    assert total == pytest.approx(1.0, abs=1e-8)
+
+
+def test_log_prob_integrates_to_one_d3():
+    q = radial((3,), 3)
+    mu, sg = q.loc.numpy(), q.scale.numpy()
+
+    def f(phi, theta, rho):  # spherical coordinates, dw = prod(sigma) rho^2 sin(theta)
+        u = rho * np.array([math.sin(theta) * math.cos(phi), math.sin(theta) * math.sin(phi), math.cos(theta)])
+        return _density(q, mu + sg * u) * sg.prod() * rho * rho * math.sin(theta)
+
+    total = scipy.integrate.tplquad(f, 0, 10, 0, math.pi, 0, 2 * math.pi, epsabs=1e-8, epsrel=1e-7)[0]
+    assert total == pytest.approx(1.0, abs=1e-6)
+
+
+def test_entropy_quadrature_d2_and_monte_carlo():
+    q = radial((2,), 4)
+    mu, sg = q.loc.numpy(), q.scale.numpy()
+
+    def f(theta, rho):
+        w = torch.tensor(mu + sg * rho * np.array([math.cos(theta), math.sin(theta)]), dtype=F64)
+        lp = q.log_prob(w).item()
+        return -math.exp(lp) * lp * sg.prod() * rho
+
+    h = scipy.integrate.dblquad(f, 1e-300, 12, 0, 2 * math.pi, epsabs=1e-10, epsrel=1e-9)[0]
+    assert q.entropy().item() == pytest.approx(h, abs=1e-7)
+    for shape in [(1,), (5,), (3, 7), (40, 50)]:
+        q = radial(shape, 5)
+        lp = q.log_prob(q.sample((20000,), generator=torch.Generator().manual_seed(1)))
+        assert abs(-lp.mean().item() - q.entropy().item()) <= Z * lp.std().item() / math.sqrt(len(lp))
+    # D = 1: the normal entropy
+    q = radial((1,), 6)
+    assert q.entropy().item() == pytest.approx(0.5 * math.log(2 * math.pi * math.e * q.scale.item() ** 2), rel=1e-14)
+
+
+def test_kl_to_normal_closed_form_vs_monte_carlo_and_quadrature():
+    for shape in [(1,), (2,), (6,), (4, 5)]:
+        q = radial(shape, 7)
+        g = torch.Generator().manual_seed(3)
+        p = Independent(Normal(torch.randn(shape, generator=g, dtype=F64),
+                               torch.rand(shape, generator=g, dtype=F64) + 0.5), len(shape))
+        kl = kl_divergence(q, p).item()
+        w = q.sample((40000,), generator=torch.Generator().manual_seed(2))
+        lr = q.log_prob(w) - p.log_prob(w)
+        assert abs(lr.mean().item() - kl) <= Z * lr.std().item() / math.sqrt(len(lr))
+        if shape == (1,):  # D = 1: KL between two normals
+            ref = kl_divergence(Normal(q.loc, q.scale), p.base_dist).sum().item()
+            assert kl == pytest.approx(ref, rel=1e-13)
+
+
+def test_kl_radial_radial_monte_carlo_vs_quadrature():
+    q, p = radial((2,), 8), radial((2,), 9)
+    mu, sg = q.loc.numpy(), q.scale.numpy()
+
+    def f(theta, rho):
+        w = torch.tensor(mu + sg * rho * np.array([math.cos(theta), math.sin(theta)]), dtype=F64)
+        lq, lp = q.log_prob(w).item(), p.log_prob(w).item()
+        return math.exp(lq) * (lq - lp) * sg.prod() * rho
+
+    exact = scipy.integrate.dblquad(f, 1e-300, 12, 0, 2 * math.pi, epsabs=1e-9, epsrel=1e-8)[0]
+    ests = torch.stack([kl_radial_radial(q, p, 2000, generator=torch.Generator().manual_seed(s)) for s in range(10)])
+    assert abs(ests.mean().item() - exact) <= Z * ests.std().item() / math.sqrt(10)
+    with pytest.raises(NotImplementedError, match="kl_radial_radial"):
+        kl_divergence(q, p)
+
+
+def test_gradcheck_log_prob_entropy_kl():
+    loc = torch.randn(2, 3, dtype=F64, requires_grad=True)
+    scale = (torch.rand(2, 3, dtype=F64) + 0.5).requires_grad_(True)
+    w = torch.randn(4, 2, 3, dtype=F64)
+    pl, ps = torch.randn(2, 3, dtype=F64), torch.rand(2, 3, dtype=F64) + 0.5
+
+    def f(loc, scale):
+        q = Radial(loc, scale)
+        return q.log_prob(w), q.entropy(), kl_divergence(q, Independent(Normal(pl, ps), 2))
+
+    assert torch.autograd.gradcheck(f, (loc, scale))
+
+
+# ---------------------------------------------------------------------------
+# the fused op
+
+
+@pytest.mark.parametrize("rowwise", [False, True])
+def test_radial_noise_gradcheck(rowwise):
+    loc = torch.randn(3, 5, dtype=F64, requires_grad=True)
+    scale = (torch.rand(3, 5, dtype=F64) + 0.2).requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda l, s: vmf.radial_noise(l, s, 4, 99, 0, rowwise)[0], (loc, scale))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_radial_noise_distribution(dtype):
+    """v = (w - mu)/sigma: |v| is half-normal, v/|v| uniform on the sphere."""
+    d, n = 37, 20000
+    loc = torch.randn(d, dtype=dtype)
+    scale = torch.rand(d, dtype=dtype) + 0.1
+    w = radial_noise(loc, scale, (n,), generator=torch.Generator().manual_seed(1))
+    v = ((w - loc) / scale).double()
+    rho = v.norm(dim=-1).numpy()
+    assert scipy.stats.kstest(rho, scipy.stats.halfnorm.cdf).pvalue > 1e-4
+    u = v / v.norm(dim=-1, keepdim=True)
+    assert (u.mean(0).abs() <= Z / math.sqrt(d * n)).all()
+    u2 = (u * u).numpy()
+    assert np.all(np.abs(u2.mean(0) - 1 / d) <= Z * u2.std(0) / math.sqrt(n))
+    # rowwise: every row has its own half-normal radius
+    w = radial_noise(loc.expand(4, d), scale.expand(4, d), (n // 4,), rowwise=True,
+                     generator=torch.Generator().manual_seed(2))
+    rho = ((w - loc) / scale).double().norm(dim=-1).reshape(-1).numpy()
+    assert scipy.stats.kstest(rho, scipy.stats.halfnorm.cdf).pvalue > 1e-4
+
+
+def test_radial_noise_deterministic_and_chunked():
+    """Events longer than one chunk (4096) and any thread count give the same tensor."""
+    loc = torch.zeros(3, 3, 33, 47)
+    scale = torch.ones(3, 3, 33, 47)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        a = radial_noise(loc, scale, (3,), generator=torch.Generator().manual_seed(5))
+        torch.set_num_threads(max(2, threads))
+        b = radial_noise(loc, scale, (3,), generator=torch.Generator().manual_seed(5))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(a, b)
+    assert not torch.equal(a[0], a[1])
+    # the norm over the whole event is |r|, a half-normal draw per sample (same for float64)
+    a64 = radial_noise(loc.double(), scale.double(), (3,), generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(a64.float(), a, rtol=2e-5, atol=2e-6)
+
+
+def test_radial_noise_errors_and_opcheck():
+    loc = torch.randn(2, 3, dtype=F64)
+    with pytest.raises(RuntimeError, match="same shape"):
+        vmf.radial_noise(loc, torch.ones(3, 2, dtype=F64), 1, 0, 0)
+    with pytest.raises(RuntimeError, match="num_samples must be non-negative"):
+        vmf.radial_noise(loc, torch.ones_like(loc), -1, 0, 0)
+    with pytest.raises(ValueError):
+        Radial(loc, -torch.ones_like(loc), validate_args=True)
+    torch.library.opcheck(vmf.radial_noise, (loc, torch.ones_like(loc) * 0.5, 3, 7, 0, False))
+    torch.library.opcheck(vmf.radial_noise, (loc, torch.ones_like(loc) * 0.5, 3, 7, 0, True))
+    g = torch.randn(3, 2, 3, dtype=F64)
+    torch.library.opcheck(vmf.radial_noise_scale_grad, (g, torch.randn(3, dtype=F64), 7, 0, False))
+
+
+# ---------------------------------------------------------------------------
+# radius-prior KLs
+
+
+def _mc_kl(q, p, n=200000, seed=0):
+    torch.manual_seed(seed)
+    x = q.sample((n,))
+    lr = q.log_prob(x) - p.log_prob(x)
+    return lr.mean().item(), lr.std().item() / math.sqrt(n)
+
+
+@pytest.mark.parametrize("mu,s,a,b", [(0.0, 0.5, 2.0, 3.0), (-1.0, 1.2, 0.5, 0.2), (2.0, 0.1, 7.0, 0.5)])
+def test_kl_lognormal_gamma_and_inverse_gamma(mu, s, a, b):
+    q = LogNormal(torch.tensor(mu, dtype=F64), torch.tensor(s, dtype=F64))
+    for p in (Gamma(torch.tensor(a, dtype=F64), torch.tensor(b, dtype=F64)),
+              InverseGamma(torch.tensor(a, dtype=F64), torch.tensor(b, dtype=F64))):
+        kl = kl_divergence(q, p).item()
+        est, se = _mc_kl(q, p)
+        assert abs(est - kl) <= Z * se, (type(p).__name__, est, kl, se)
+
+
+@pytest.mark.parametrize("lq,kq,lp,kp", [(1.0, 2.0, 1.5, 1.0), (0.3, 0.7, 2.0, 3.0), (2.0, 5.0, 2.0, 5.0)])
+def test_kl_weibull(lq, kq, lp, kp):
+    q = Weibull(torch.tensor(lq, dtype=F64), torch.tensor(kq, dtype=F64))
+    p = Weibull(torch.tensor(lp, dtype=F64), torch.tensor(kp, dtype=F64))
+    kl = kl_divergence(q, p).item()
+    est, se = _mc_kl(q, p)
+    assert abs(est - kl) <= Z * se + 1e-12
+    # the printed eq. (50) (Gamma(kq/kp + 1)) is wrong whenever kq != kp
+    if kq != kp:
+        wrong = kl - (lq / lp) ** kp * math.gamma(kp / kq + 1) + (lq / lp) ** kp * math.gamma(kq / kp + 1)
+        assert abs(est - wrong) > 10 * se
+
+
+def test_torch_gamma_gamma_agrees_with_eq49():
+    aq, bq, ap, bp = 2.5, 1.5, 0.7, 3.0
+    q = Gamma(torch.tensor(aq, dtype=F64), torch.tensor(bq, dtype=F64))
+    p = Gamma(torch.tensor(ap, dtype=F64), torch.tensor(bp, dtype=F64))
+    eq49 = ((aq - ap) * scipy.special.digamma(aq) - scipy.special.gammaln(aq) + scipy.special.gammaln(ap)
+            + ap * (math.log(bq) - math.log(bp)) + aq * (bp - bq) / bq)
+    assert kl_divergence(q, p).item() == pytest.approx(eq49, rel=1e-13)
