@@ -110,16 +110,9 @@ std::tuple<at::Tensor, at::Tensor> radial_noise_cuda(const at::Tensor& loc_in, c
   const RadialLayout lay = check_radial_args(loc_in, scale_in, num_samples, offset, rowwise);
   const c10::cuda::CUDAGuard guard(loc_in.device());
   const at::Tensor loc = loc_in.contiguous(), scale = scale_in.contiguous();
-  std::vector<int64_t> out_shape{num_samples};
-  for (const int64_t s : loc.sizes()) out_shape.push_back(s);
-  at::Tensor out = at::empty(out_shape, loc.options());
-  at::Tensor coef = rowwise ? at::empty({num_samples, lay.groups}, loc.options().dtype(at::kDouble))
-                            : at::empty({num_samples}, loc.options().dtype(at::kDouble));
+  auto [out, coef] = allocate_radial_outputs(loc, num_samples, lay, rowwise);
   const int64_t streams = num_samples * lay.groups;
-  if (streams == 0 || lay.length == 0) {
-    coef.zero_();
-    return {out, coef};
-  }
+  if (streams == 0 || lay.length == 0) return {out, coef};
   const int64_t nchunk = (lay.length + kRadialChunk - 1) / kRadialChunk;
   const int64_t units = streams * nchunk;
   at::Tensor partial = at::empty({units}, loc.options().dtype(at::kDouble));

@@ -4,6 +4,9 @@
 
 #include <ATen/ATen.h>
 
+#include <utility>
+#include <vector>
+
 #include "vmfdist/philox.h"
 
 namespace vmfdist {
@@ -57,6 +60,18 @@ inline RadialLayout check_radial_grad_args(const at::Tensor& grad, const at::Ten
   }
   TORCH_CHECK(coef.device() == grad.device(), op, ": grad and coef must be on the same device");
   return lay;
+}
+
+// The outputs of radial_noise: out (num_samples, *loc.shape) like loc, and coef
+// (num_samples,) or (num_samples, rows) in float64.
+inline std::pair<at::Tensor, at::Tensor> allocate_radial_outputs(const at::Tensor& loc, int64_t num_samples,
+                                                                 const RadialLayout& lay, bool rowwise) {
+  std::vector<int64_t> out_shape{num_samples};
+  for (const int64_t s : loc.sizes()) out_shape.push_back(s);
+  at::Tensor out = at::empty(out_shape, loc.options());
+  at::Tensor coef = rowwise ? at::zeros({num_samples, lay.groups}, loc.options().dtype(at::kDouble))
+                            : at::zeros({num_samples}, loc.options().dtype(at::kDouble));
+  return {out, coef};
 }
 
 }  // namespace vmfdist
