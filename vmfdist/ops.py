@@ -298,6 +298,13 @@ def _kron_check_matrix(op, name, t, rows, cols, what):
                  lambda: f"{op}: {name} must have trailing shape ({rows}, {cols}) ({what}), got shape {tuple(t.shape)}")
 
 
+def _kron_check_bcast(op, name, t, rows, cols, what):
+    torch._check(t.dim() >= 2, lambda: f"{op}: {name} must have at least 2 dimensions ({what}), got shape {tuple(t.shape)}")
+    torch._check((t.shape[-2] == rows or t.shape[-2] == 1) and (t.shape[-1] == cols or t.shape[-1] == 1),
+                 lambda: f"{op}: {name} must have trailing shape ({rows}, {cols}) or one that broadcasts to it ({what}), "
+                         f"got shape {tuple(t.shape)}")
+
+
 def _kron_batch(op, **named):
     try:
         return torch.broadcast_shapes(*(t.shape[:-2] for t in named.values()))
@@ -313,7 +320,7 @@ def _(q_out, q_in, scale, v, power=1.0):
     o, i = v.shape[-2], v.shape[-1]
     _kron_check_matrix(op, "q_out", q_out, o, o, "the out x out eigenbasis, out = v.size(-2)")
     _kron_check_matrix(op, "q_in", q_in, i, i, "the in x in eigenbasis, in = v.size(-1)")
-    _kron_check_matrix(op, "scale", scale, o, i, "the eigenvalues, like v")
+    _kron_check_bcast(op, "scale", scale, o, i, "the eigenvalues, like v")
     dt = _kron_promote(op, v=v, q_out=q_out, q_in=q_in, scale=scale)
     batch = _kron_batch(op, v=v, q_out=q_out, q_in=q_in, scale=scale)
     return v.new_empty(tuple(batch) + (o, i), dtype=dt)
@@ -334,7 +341,7 @@ def _(loc, q_out, q_in, variance, num_samples, seed, offset):
     o, i = loc.shape[-2], loc.shape[-1]
     _kron_check_matrix(op, "q_out", q_out, o, o, "the out x out eigenbasis, out = loc.size(-2)")
     _kron_check_matrix(op, "q_in", q_in, i, i, "the in x in eigenbasis, in = loc.size(-1)")
-    _kron_check_matrix(op, "variance", variance, o, i, "the eigenvalues, like loc")
+    _kron_check_bcast(op, "variance", variance, o, i, "the eigenvalues, like loc")
     torch._check(num_samples >= 0, lambda: f"{op}: num_samples must be non-negative, got {num_samples}")
     dt = _kron_promote(op, loc=loc, q_out=q_out, q_in=q_in, variance=variance)
     batch = _kron_batch(op, loc=loc, q_out=q_out, q_in=q_in, variance=variance)
@@ -446,8 +453,8 @@ def kron_eigen_matvec(q_out: torch.Tensor, q_in: torch.Tensor, scale: torch.Tens
     Args:
         q_out: ``(..., out, out)`` (the eigenbasis of the output-side factor).
         q_in: ``(..., in, in)``.
-        scale: ``(..., out, in)``, the eigenvalues :math:`S` in the Kronecker eigenbasis
-            (positive when ``power`` is not an integer).
+        scale: ``(..., out, in)`` (or broadcastable to it), the eigenvalues :math:`S` in the
+            Kronecker eigenbasis (positive when ``power`` is not an integer).
         v: ``(..., out, in)``, one matrix or a batch of right-hand sides.
         power: the exponent :math:`p` (1: multiply by the matrix, -1: solve, 1/2: its square
             root, ...).

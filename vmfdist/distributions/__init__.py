@@ -1,7 +1,9 @@
 """Distributions in the :mod:`torch.distributions` API, with registered KL divergences.
 
 * :class:`VonMisesFisher`, :class:`HypersphericalUniform` (``von_mises_fisher.py``)
+* :class:`MatrixNormal`, :class:`EigenvalueCorrectedMatrixNormal` (``matrix_normal.py``)
 """
+from .matrix_normal import EigenvalueCorrectedMatrixNormal, MatrixNormal  # noqa: F401
 from .von_mises_fisher import (  # noqa: F401
     HypersphericalUniform,
     VonMisesFisher,
@@ -13,6 +15,8 @@ from .von_mises_fisher import (  # noqa: F401
 )
 
 __all__ = [
+    "MatrixNormal",
+    "EigenvalueCorrectedMatrixNormal",
     "VonMisesFisher",
     "HypersphericalUniform",
     "fit_vmf",

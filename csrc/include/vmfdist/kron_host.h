@@ -147,6 +147,15 @@ inline void check_matrix(const char* op, const char* name, const at::Tensor& t, 
               cols, ") (", what, "), got shape ", t.sizes());
 }
 
+// scale / variance: trailing shape (out, in), or broadcastable to it (dimensions of size 1).
+inline void check_bcast_matrix(const char* op, const char* name, const at::Tensor& t, int64_t rows, int64_t cols,
+                               const char* what) {
+  TORCH_CHECK(t.dim() >= 2, op, ": ", name, " must have at least 2 dimensions (", what, "), got shape ", t.sizes());
+  TORCH_CHECK((t.size(-2) == rows || t.size(-2) == 1) && (t.size(-1) == cols || t.size(-1) == 1), op, ": ", name,
+              " must have trailing shape (", rows, ", ", cols, ") or one that broadcasts to it (", what,
+              "), got shape ", t.sizes());
+}
+
 inline void check_noise_range(const char* op, int64_t rows, int64_t in, int64_t offset) {
   TORCH_CHECK(offset >= 0 && offset < philox::kMaxOffset, op, ": offset must be in [0, 2^48), got ", offset);
   TORCH_CHECK(rows < philox::kMaxIndex, op, ": the noise must have fewer than 2^48 rows, got ", rows);
@@ -176,7 +185,7 @@ at::Tensor kron_eigen_matvec_impl(const at::Tensor& q_out_in, const at::Tensor& 
   const int64_t out = v_in.size(-2), in = v_in.size(-1);
   check_matrix(op, "q_out", q_out_in, out, out, "the out x out eigenbasis, out = v.size(-2)");
   check_matrix(op, "q_in", q_in_in, in, in, "the in x in eigenbasis, in = v.size(-1)");
-  check_matrix(op, "scale", scale_in, out, in, "the eigenvalues, like v");
+  check_bcast_matrix(op, "scale", scale_in, out, in, "the eigenvalues, like v");
   TORCH_CHECK(std::isfinite(power), op, ": power must be finite, got ", power);
   check_same_device(op, {{"v", v_in}, {"q_out", q_out_in}, {"q_in", q_in_in}, {"scale", scale_in}});
   const at::ScalarType dt =
@@ -240,7 +249,7 @@ at::Tensor kron_eigen_sample_impl(const at::Tensor& loc_in, const at::Tensor& q_
   const int64_t out = loc_in.size(-2), in = loc_in.size(-1);
   check_matrix(op, "q_out", q_out_in, out, out, "the out x out eigenbasis, out = loc.size(-2)");
   check_matrix(op, "q_in", q_in_in, in, in, "the in x in eigenbasis, in = loc.size(-1)");
-  check_matrix(op, "variance", variance_in, out, in, "the eigenvalues, like loc");
+  check_bcast_matrix(op, "variance", variance_in, out, in, "the eigenvalues, like loc");
   TORCH_CHECK(num_samples >= 0, op, ": num_samples must be non-negative, got ", num_samples);
   check_same_device(op, {{"loc", loc_in}, {"q_out", q_out_in}, {"q_in", q_in_in}, {"variance", variance_in}});
   const at::ScalarType dt = common_float_dtype(
