@@ -478,7 +478,7 @@ def kron_eigen_sample(loc: torch.Tensor, q_out: torch.Tensor, q_in: torch.Tensor
     Shapes as in :func:`kron_eigen_matvec` (``loc`` and ``variance`` ``(..., out, in)``);
     returns ``sample_shape + batch + (out, in)``.  :math:`E` is drawn inside the op from
     the project's Philox streams (``kron_eigen_noise``; the seed comes from ``generator``,
-    default ``torch.default_generator``, via :func:`vmfdist.random.draw_seed_offset`), and
+    default ``torch.default_generator``, via ``vmfdist.random.draw_seed_offset``), and
     is regenerated in the backward pass instead of being stored.  Reparameterised:
     differentiable in ``loc``, ``variance`` and both bases.
     """

@@ -65,7 +65,7 @@ class _Orthogonal(constraints.Constraint):
         return "Orthogonal()"
 
 
-#: Orthogonal square matrices (event dimension 2): the bases of :class:`EigenvalueCorrectedMatrixNormal`.
+#: The constraint on the bases of :class:`EigenvalueCorrectedMatrixNormal`: orthogonal square matrices, event dimension 2.
 orthogonal = _Orthogonal()
 
 _real_matrix = constraints.independent(constraints.real, 2)
