@@ -53,6 +53,18 @@ TORCH_LIBRARY(vmfdist, m) {
   // sum_s grad[s] * eps_s * coef_s with eps regenerated from the streams: d/dscale of radial_noise.
   m.def("radial_noise_scale_grad(Tensor grad, Tensor coef, int seed, int offset, bool rowwise=False) -> Tensor");
 
+  // ---- Kronecker-factored eigenbases (csrc/include/vmfdist/kron.h, kron_host.h) ----
+  // Q_out ((Q_out^T V Q_in) * scale^power) Q_in^T for V (..., out, in), q_out (..., out, out),
+  // q_in (..., in, in), scale (..., out, in); batch dimensions broadcast, dtypes promote.
+  m.def("kron_eigen_matvec(Tensor q_out, Tensor q_in, Tensor scale, Tensor v, float power=1.0) -> Tensor");
+  // E * variance^power with E standard normal of the given size (..., out, in), variance
+  // broadcasting to it; row r (over all dimensions but the last) is the Philox stream
+  // (seed, offset, r).
+  m.def("kron_eigen_noise(Tensor variance, SymInt[] size, int seed, int offset, float power=0.5) -> Tensor");
+  // loc + Q_out (E * variance^(1/2)) Q_in^T for num_samples draws: returns
+  // (num_samples, *batch, out, in); E is kron_eigen_noise(variance, that size, seed, offset).
+  m.def("kron_eigen_sample(Tensor loc, Tensor q_out, Tensor q_in, Tensor variance, int num_samples, int seed, int offset) -> Tensor");
+
   // ---- Counter-based randomness (Philox4x32-10, csrc/include/vmfdist/philox.h) ----
   // Raw Philox4x32 blocks: counter (n, 4) and key (n, 2) hold uint32 values in int64.
   m.def("philox4x32(Tensor counter, Tensor key, int rounds=10) -> Tensor");

@@ -4,8 +4,10 @@
 * :class:`Radial`, :func:`radial_noise`, :func:`kl_radial_radial` (``radial.py``)
 * KL divergences torch lacks for the radius priors: LogNormal||Gamma,
   LogNormal||InverseGamma, Weibull||Weibull (``kl.py``)
+* :class:`MatrixNormal`, :class:`EigenvalueCorrectedMatrixNormal` (``matrix_normal.py``)
 """
 from . import kl  # noqa: F401  (registers the KL divergences)
+from .matrix_normal import EigenvalueCorrectedMatrixNormal, MatrixNormal  # noqa: F401
 from .radial import Radial, kl_radial_radial, radial_noise  # noqa: F401
 from .von_mises_fisher import (  # noqa: F401
     HypersphericalUniform,
@@ -21,6 +23,8 @@ __all__ = [
     "Radial",
     "radial_noise",
     "kl_radial_radial",
+    "MatrixNormal",
+    "EigenvalueCorrectedMatrixNormal",
     "VonMisesFisher",
     "HypersphericalUniform",
     "fit_vmf",

@@ -1,0 +1,123 @@
+// CPU kernels of the Kronecker-eigenbasis ops: the matrix products and the
+// orchestration are shared with CUDA (vmfdist/kron_host.h); this file supplies the
+// two fused elementwise passes as at::parallel_for loops over the math of
+// vmfdist/kron.h.  The noise depends only on (seed, offset, row), so any thread
+// count gives the same tensor.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "vmfdist/kron.h"
+#include "vmfdist/kron_host.h"
+
+namespace vmfdist {
+namespace {
+
+using kron::BatchOffsets;
+using kron::PowMode;
+
+constexpr int64_t kGrain = 32768;  // elements per task of the elementwise pass
+
+// t *= s^p over [0, rows * in) in stretches that stay inside one batch entry.
+template <PowMode M, typename scalar_t>
+VMF_TARGET_CLONES void scale_mul_range(scalar_t* t, const scalar_t* s, const BatchOffsets& offs, int64_t per_batch,
+                                       int64_t begin, int64_t end, double power) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  const opmath_t p = static_cast<opmath_t>(power);
+  int64_t i = begin;
+  while (i < end) {
+    const int64_t b = i / per_batch;
+    const int64_t k = i - b * per_batch;
+    const int64_t len = std::min(end - i, per_batch - k);
+    kron::scale_mul_stretch<M, scalar_t, opmath_t>(t + i, s + offs(b) + k, len, p);
+    i += len;
+  }
+}
+
+// One noise row: z[0, in) = E * s^p.  float32 draws its normals with the
+// vectorised float Box-Muller (the same values as kron::noise4).
+template <PowMode M, typename scalar_t>
+VMF_TARGET_CLONES void noise_row(scalar_t* z, const scalar_t* s, int64_t in, uint64_t seed, uint64_t offset,
+                                 uint64_t row, double power) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  const opmath_t p = static_cast<opmath_t>(power);
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    fastnorm::normals_f32(seed, offset, row, 0, in, z);
+    for (int64_t j = 0; j < in; ++j) z[j] = z[j] * kron::spow<M>(s[j], p);
+  } else {
+    for (int64_t j = 0; j < in; j += 4) {
+      opmath_t e[4];
+      kron::noise4<scalar_t, opmath_t>(seed, offset, row, static_cast<uint32_t>(j >> 2), e);
+      const int64_t lim = std::min<int64_t>(4, in - j);
+      for (int64_t k = 0; k < lim; ++k) {
+        z[j + k] = static_cast<scalar_t>(e[k] * kron::spow<M>(static_cast<opmath_t>(s[j + k]), p));
+      }
+    }
+  }
+}
+
+struct CpuBackend {
+  static void scale_mul(at::Tensor& t, const at::Tensor& s, const BatchOffsets& offs, int64_t out, int64_t in,
+                        double power) {
+    const int64_t per_batch = out * in;
+    const int64_t n = t.numel();
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.scalar_type(), "kron_eigen_matvec", [&] {
+      scalar_t* pt = t.mutable_data_ptr<scalar_t>();
+      const scalar_t* ps = s.const_data_ptr<scalar_t>();
+      kron::dispatch_pow_mode(kron::pow_mode(power), [&]<PowMode M>() {
+        at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+          scale_mul_range<M, scalar_t>(pt, ps, offs, per_batch, begin, end, power);
+        });
+      });
+    });
+  }
+
+  static void noise(at::Tensor& z, const at::Tensor& s, const BatchOffsets& offs, int64_t out, int64_t in,
+                    uint64_t seed, uint64_t offset, double power) {
+    const int64_t rows = z.numel() / in;
+    const int64_t grain = std::max<int64_t>(1, 4096 / in);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, z.scalar_type(), "kron_eigen_noise", [&] {
+      scalar_t* pz = z.mutable_data_ptr<scalar_t>();
+      const scalar_t* ps = s.const_data_ptr<scalar_t>();
+      kron::dispatch_pow_mode(kron::pow_mode(power), [&]<PowMode M>() {
+        at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+          for (int64_t r = begin; r < end; ++r) {
+            const int64_t b = r / out, i = r - b * out;
+            noise_row<M, scalar_t>(pz + r * in, ps + offs(b) + i * in, in, seed, offset, static_cast<uint64_t>(r),
+                                   power);
+          }
+        });
+      });
+    });
+  }
+};
+
+at::Tensor kron_eigen_matvec_cpu(const at::Tensor& q_out, const at::Tensor& q_in, const at::Tensor& scale,
+                                 const at::Tensor& v, double power) {
+  return kron::kron_eigen_matvec_impl<CpuBackend>(q_out, q_in, scale, v, power);
+}
+
+at::Tensor kron_eigen_noise_cpu(const at::Tensor& variance, c10::SymIntArrayRef size, int64_t seed, int64_t offset,
+                                double power) {
+  return kron::kron_eigen_noise_impl<CpuBackend>(variance, C10_AS_INTARRAYREF_SLOW(size), seed, offset, power);
+}
+
+at::Tensor kron_eigen_sample_cpu(const at::Tensor& loc, const at::Tensor& q_out, const at::Tensor& q_in,
+                                 const at::Tensor& variance, int64_t num_samples, int64_t seed, int64_t offset) {
+  return kron::kron_eigen_sample_impl<CpuBackend>(loc, q_out, q_in, variance, num_samples, seed, offset);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(vmfdist, CPU, m) {
+  m.impl("kron_eigen_matvec", &kron_eigen_matvec_cpu);
+  m.impl("kron_eigen_noise", &kron_eigen_noise_cpu);
+  m.impl("kron_eigen_sample", &kron_eigen_sample_cpu);
+}
+
+}  // namespace vmfdist

@@ -1,0 +1,124 @@
+// CUDA kernels of the Kronecker-eigenbasis ops: the matrix products and the
+// orchestration are shared with the CPU (vmfdist/kron_host.h, cuBLAS through
+// ATen); this file supplies the two fused elementwise passes as grid-stride
+// kernels over the math of vmfdist/kron.h.  The noise uses the same Philox
+// streams and the same float / double Box-Muller as the CPU.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "vmfdist/kron.h"
+#include "vmfdist/kron_host.h"
+
+namespace vmfdist {
+namespace {
+
+using kron::BatchOffsets;
+using kron::PowMode;
+
+constexpr int kThreads = 256;
+
+inline int blocks_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  const int64_t cap = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 32;
+  return static_cast<int>(b < cap ? (b > 0 ? b : 1) : cap);
+}
+
+template <PowMode M, typename scalar_t>
+__global__ void scale_mul_kernel(scalar_t* __restrict__ t, const scalar_t* __restrict__ s, BatchOffsets offs,
+                                 int64_t per_batch, int64_t n, double power) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  const opmath_t p = static_cast<opmath_t>(power);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t b = i / per_batch;
+    const int64_t k = i - b * per_batch;
+    kron::scale_mul_stretch<M, scalar_t, opmath_t>(t + i, s + offs(b) + k, 1, p);
+  }
+}
+
+// One thread per block of four normals of a row.
+template <PowMode M, typename scalar_t>
+__global__ void noise_kernel(scalar_t* __restrict__ z, const scalar_t* __restrict__ s, BatchOffsets offs,
+                             int64_t out, int64_t in, int64_t rows, uint64_t seed, uint64_t offset, double power) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  const opmath_t p = static_cast<opmath_t>(power);
+  const int64_t nblk = (in + 3) / 4;
+  const int64_t n = rows * nblk;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
+       idx += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    const int64_t r = idx / nblk;
+    const int64_t j = idx - r * nblk;
+    const int64_t b = r / out, i = r - b * out;
+    const scalar_t* sr = s + offs(b) + i * in;
+    scalar_t* zr = z + r * in;
+    opmath_t e[4];
+    kron::noise4<scalar_t, opmath_t>(seed, offset, static_cast<uint64_t>(r), static_cast<uint32_t>(j), e);
+    for (int k = 0; k < 4; ++k) {
+      const int64_t c = 4 * j + k;
+      if (c < in) zr[c] = static_cast<scalar_t>(e[k] * kron::spow<M>(static_cast<opmath_t>(sr[c]), p));
+    }
+  }
+}
+
+struct CudaBackend {
+  static void scale_mul(at::Tensor& t, const at::Tensor& s, const BatchOffsets& offs, int64_t out, int64_t in,
+                        double power) {
+    const c10::cuda::CUDAGuard guard(t.device());
+    const int64_t n = t.numel();
+    if (n == 0) return;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.scalar_type(), "kron_eigen_matvec", [&] {
+      kron::dispatch_pow_mode(kron::pow_mode(power), [&]<PowMode M>() {
+        scale_mul_kernel<M, scalar_t><<<blocks_for(n), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+            t.mutable_data_ptr<scalar_t>(), s.const_data_ptr<scalar_t>(), offs, out * in, n, power);
+      });
+    });
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+
+  static void noise(at::Tensor& z, const at::Tensor& s, const BatchOffsets& offs, int64_t out, int64_t in,
+                    uint64_t seed, uint64_t offset, double power) {
+    const c10::cuda::CUDAGuard guard(z.device());
+    const int64_t rows = z.numel() / in;
+    const int64_t n = rows * ((in + 3) / 4);
+    if (n == 0) return;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, z.scalar_type(), "kron_eigen_noise", [&] {
+      kron::dispatch_pow_mode(kron::pow_mode(power), [&]<PowMode M>() {
+        noise_kernel<M, scalar_t><<<blocks_for(n), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+            z.mutable_data_ptr<scalar_t>(), s.const_data_ptr<scalar_t>(), offs, out, in, rows, seed, offset, power);
+      });
+    });
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+};
+
+at::Tensor kron_eigen_matvec_cuda(const at::Tensor& q_out, const at::Tensor& q_in, const at::Tensor& scale,
+                                  const at::Tensor& v, double power) {
+  const c10::cuda::CUDAGuard guard(v.device());
+  return kron::kron_eigen_matvec_impl<CudaBackend>(q_out, q_in, scale, v, power);
+}
+
+at::Tensor kron_eigen_noise_cuda(const at::Tensor& variance, c10::SymIntArrayRef size, int64_t seed, int64_t offset,
+                                 double power) {
+  const c10::cuda::CUDAGuard guard(variance.device());
+  return kron::kron_eigen_noise_impl<CudaBackend>(variance, C10_AS_INTARRAYREF_SLOW(size), seed, offset, power);
+}
+
+at::Tensor kron_eigen_sample_cuda(const at::Tensor& loc, const at::Tensor& q_out, const at::Tensor& q_in,
+                                  const at::Tensor& variance, int64_t num_samples, int64_t seed, int64_t offset) {
+  const c10::cuda::CUDAGuard guard(loc.device());
+  return kron::kron_eigen_sample_impl<CudaBackend>(loc, q_out, q_in, variance, num_samples, seed, offset);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(vmfdist, CUDA, m) {
+  m.impl("kron_eigen_matvec", &kron_eigen_matvec_cuda);
+  m.impl("kron_eigen_noise", &kron_eigen_noise_cuda);
+  m.impl("kron_eigen_sample", &kron_eigen_sample_cuda);
+}
+
+}  // namespace vmfdist

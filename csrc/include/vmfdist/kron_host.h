@@ -1,0 +1,297 @@
+// Host-side orchestration of the Kronecker-eigenbasis ops, shared by the CPU and
+// CUDA backends (torch headers; not for device code).  The matrix products are
+// ATen calls (bmm_out / mm_out into preallocated buffers, so on either device
+// they go to the vendor BLAS); the elementwise passes are the backend's fused
+// kernels over the math of vmfdist/kron.h, passed in as `Backend`:
+//
+//   struct Backend {
+//     // t (rows * in elements, contiguous) *= s^p, s the contiguous scale whose
+//     // batch entry b starts at offs(b), rows grouped as (batch, out):
+//     static void scale_mul(at::Tensor& t, const at::Tensor& s, const kron::BatchOffsets& offs,
+//                           int64_t out, int64_t in, double power);
+//     // z (rows * in, contiguous) = E * s^p, E the Philox noise of kron.h:
+//     static void noise(at::Tensor& z, const at::Tensor& s, const kron::BatchOffsets& offs,
+//                       int64_t out, int64_t in, uint64_t seed, uint64_t offset, double power);
+//   };
+//
+// Memory: kron_eigen_matvec allocates the output and one buffer of the same
+// size (Q_out^T V -> buf, buf Q_in -> out, out *= s^p, Q_out out -> buf,
+// buf Q_in^T -> out); kron_eigen_sample likewise (noise -> out, Q_out out -> buf,
+// buf Q_in^T -> out, out += loc).  Bases shared by the whole batch (2-D q_out or
+// q_in) are never copied: a left product is one strided-batched GEMM over a
+// stride-0 view of the basis, a right product one GEMM over the folded
+// (batch * out, in) matrix.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "vmfdist/kron.h"
+#include "vmfdist/philox.h"
+
+namespace vmfdist {
+namespace kron {
+
+inline std::vector<int64_t> batch_of(const at::Tensor& t) {
+  return std::vector<int64_t>(t.sizes().begin(), t.sizes().end() - 2);
+}
+
+inline int64_t prod(at::IntArrayRef s) {
+  int64_t n = 1;
+  for (int64_t x : s) n *= x;
+  return n;
+}
+
+// Broadcast of the batch shapes of the named operands (all at least 2-D), with an
+// error naming them when they do not broadcast.
+inline std::vector<int64_t> broadcast_batch(const char* op, std::initializer_list<std::pair<const char*, at::Tensor>> ts) {
+  std::vector<int64_t> shape;
+  std::string names;
+  for (const auto& [name, t] : ts) {
+    const auto b = batch_of(t);
+    try {
+      shape = at::infer_size(shape, b);
+    } catch (const c10::Error&) {
+      TORCH_CHECK(false, op, ": the batch shape ", at::IntArrayRef(b), " of ", name,
+                  " does not broadcast with the batch shape ", at::IntArrayRef(shape), " of ", names);
+    }
+    names += (names.empty() ? "" : ", ") + std::string(name);
+  }
+  return shape;
+}
+
+// Common floating dtype of the operands (an error for integer or complex ones).
+inline at::ScalarType common_float_dtype(const char* op, std::initializer_list<std::pair<const char*, at::Tensor>> ts) {
+  std::optional<at::ScalarType> dt;
+  for (const auto& [name, t] : ts) {
+    TORCH_CHECK(at::isFloatingType(t.scalar_type()), op, ": ", name, " must be a floating tensor, got dtype ",
+                t.scalar_type());
+    dt = dt ? at::promote_types(*dt, t.scalar_type()) : t.scalar_type();
+  }
+  return *dt;
+}
+
+inline void check_same_device(const char* op, std::initializer_list<std::pair<const char*, at::Tensor>> ts) {
+  const auto& [n0, t0] = *ts.begin();
+  for (const auto& [name, t] : ts) {
+    TORCH_CHECK(t.device() == t0.device(), op, ": ", name, " must be on the same device as ", n0, ", got ",
+                t.device(), " and ", t0.device());
+  }
+}
+
+// Offsets of the batch entries of `s` (contiguous, shape (sb..., out, in) with sb
+// broadcastable to `batch`) for the row-major batch index of `batch`; nullopt
+// when more than kMaxDims dimensions remain after coalescing.
+inline std::optional<BatchOffsets> batch_offsets(const at::Tensor& s, at::IntArrayRef batch) {
+  const int64_t nb = static_cast<int64_t>(batch.size());
+  const int64_t sb = s.dim() - 2;
+  std::vector<int64_t> size, stride;
+  for (int64_t k = 0; k < nb; ++k) {
+    const int64_t ks = k - (nb - sb);  // matching dimension of s, if any
+    const int64_t st = (ks >= 0 && s.size(ks) != 1) ? s.stride(ks) : 0;
+    if (batch[k] == 1) continue;
+    if (!size.empty() && stride.back() == st * batch[k]) {  // merge with the outer dimension
+      size.back() *= batch[k];
+      stride.back() = st;
+    } else {
+      size.push_back(batch[k]);
+      stride.push_back(st);
+    }
+  }
+  if (size.size() > static_cast<size_t>(kMaxDims)) return std::nullopt;
+  BatchOffsets o;
+  o.ndim = static_cast<int>(size.size());
+  for (int k = 0; k < o.ndim; ++k) {
+    o.size[k] = size[k];
+    o.stride[k] = stride[k];
+  }
+  return o;
+}
+
+// The contiguous scale (or variance) with trailing dimensions (out, in), and its
+// batch offsets over `batch` (materialised over the whole batch in the rare case
+// of more than kMaxDims uncoalescable dimensions).
+inline std::pair<at::Tensor, BatchOffsets> prepare_scale(const at::Tensor& s_in, at::ScalarType dt, at::IntArrayRef batch,
+                                                         int64_t out, int64_t in) {
+  std::vector<int64_t> shape = batch_of(s_in);
+  shape.push_back(out);
+  shape.push_back(in);
+  at::Tensor s = s_in.to(dt).expand(shape).contiguous();
+  if (auto o = batch_offsets(s, batch)) return {s, *o};
+  std::vector<int64_t> full(batch.begin(), batch.end());
+  full.push_back(out);
+  full.push_back(in);
+  s = s.expand(full).contiguous();
+  return {s, *batch_offsets(s, batch)};
+}
+
+// (N, r, c) view (or, if the operand is broadcast over part of the batch, copy)
+// of an operand broadcast to batch + (r, c).
+inline at::Tensor as_batched(const at::Tensor& t, at::IntArrayRef batch, int64_t n) {
+  std::vector<int64_t> shape(batch.begin(), batch.end());
+  shape.push_back(t.size(-2));
+  shape.push_back(t.size(-1));
+  return t.expand(shape).reshape({n, t.size(-2), t.size(-1)});
+}
+
+// ---- checks ------------------------------------------------------------------
+
+inline void check_matrix(const char* op, const char* name, const at::Tensor& t, int64_t rows, int64_t cols,
+                         const char* what) {
+  TORCH_CHECK(t.dim() >= 2, op, ": ", name, " must have at least 2 dimensions (", what, "), got shape ", t.sizes());
+  TORCH_CHECK(t.size(-2) == rows && t.size(-1) == cols, op, ": ", name, " must have trailing shape (", rows, ", ",
+              cols, ") (", what, "), got shape ", t.sizes());
+}
+
+// scale / variance: trailing shape (out, in), or broadcastable to it (dimensions of size 1).
+inline void check_bcast_matrix(const char* op, const char* name, const at::Tensor& t, int64_t rows, int64_t cols,
+                               const char* what) {
+  TORCH_CHECK(t.dim() >= 2, op, ": ", name, " must have at least 2 dimensions (", what, "), got shape ", t.sizes());
+  TORCH_CHECK((t.size(-2) == rows || t.size(-2) == 1) && (t.size(-1) == cols || t.size(-1) == 1), op, ": ", name,
+              " must have trailing shape (", rows, ", ", cols, ") or one that broadcasts to it (", what,
+              "), got shape ", t.sizes());
+}
+
+inline void check_noise_range(const char* op, int64_t rows, int64_t in, int64_t offset) {
+  TORCH_CHECK(offset >= 0 && offset < philox::kMaxOffset, op, ": offset must be in [0, 2^48), got ", offset);
+  TORCH_CHECK(rows < philox::kMaxIndex, op, ": the noise must have fewer than 2^48 rows, got ", rows);
+  TORCH_CHECK(in <= (int64_t(1) << 33), op, ": the last dimension must be at most 2^33, got ", in);
+}
+
+// ---- the ops -------------------------------------------------------------------
+
+// out (N, out, in) = x (N, out, in) @ q (q 2-D: one GEMM over the folded rows).
+inline void right_mul(at::Tensor& dst, const at::Tensor& x, const at::Tensor& q2d_or_q3) {
+  if (q2d_or_q3.dim() == 2) {
+    at::Tensor dst2 = dst.view({-1, q2d_or_q3.size(1)});
+    at::mm_out(dst2, x.reshape({-1, x.size(-1)}), q2d_or_q3);
+  } else {
+    at::bmm_out(dst, x, q2d_or_q3);
+  }
+}
+
+// out (N, out, in) = q (N, out, out) @ x (N, out, in).
+inline void left_mul(at::Tensor& dst, const at::Tensor& q3, const at::Tensor& x) { at::bmm_out(dst, q3, x); }
+
+template <class Backend>
+at::Tensor kron_eigen_matvec_impl(const at::Tensor& q_out_in, const at::Tensor& q_in_in, const at::Tensor& scale_in,
+                                  const at::Tensor& v_in, double power) {
+  constexpr const char* op = "kron_eigen_matvec";
+  TORCH_CHECK(v_in.dim() >= 2, op, ": v must have shape (..., out, in), got ", v_in.sizes());
+  const int64_t out = v_in.size(-2), in = v_in.size(-1);
+  check_matrix(op, "q_out", q_out_in, out, out, "the out x out eigenbasis, out = v.size(-2)");
+  check_matrix(op, "q_in", q_in_in, in, in, "the in x in eigenbasis, in = v.size(-1)");
+  check_bcast_matrix(op, "scale", scale_in, out, in, "the eigenvalues, like v");
+  TORCH_CHECK(std::isfinite(power), op, ": power must be finite, got ", power);
+  check_same_device(op, {{"v", v_in}, {"q_out", q_out_in}, {"q_in", q_in_in}, {"scale", scale_in}});
+  const at::ScalarType dt =
+      common_float_dtype(op, {{"v", v_in}, {"q_out", q_out_in}, {"q_in", q_in_in}, {"scale", scale_in}});
+  const std::vector<int64_t> batch =
+      broadcast_batch(op, {{"v", v_in}, {"q_out", q_out_in}, {"q_in", q_in_in}, {"scale", scale_in}});
+  const int64_t n = prod(batch);
+  std::vector<int64_t> shape = batch;
+  shape.push_back(out);
+  shape.push_back(in);
+  const auto opts = v_in.options().dtype(dt);
+  if (n * out * in == 0) return at::zeros(shape, opts);
+
+  const at::Tensor v = as_batched(v_in.to(dt), batch, n);
+  const at::Tensor qo = as_batched(q_out_in.to(dt), batch, n);
+  const at::Tensor qi = q_in_in.dim() == 2 ? q_in_in.to(dt) : as_batched(q_in_in.to(dt), batch, n);
+  const auto [s, offs] = prepare_scale(scale_in, dt, batch, out, in);
+
+  at::Tensor buf = at::empty({n, out, in}, opts);
+  at::Tensor res = at::empty({n, out, in}, opts);
+  left_mul(buf, qo.mT(), v);   // Q_out^T V
+  right_mul(res, buf, qi);     // (Q_out^T V) Q_in
+  Backend::scale_mul(res, s, offs, out, in, power);
+  left_mul(buf, qo, res);      // Q_out (...)
+  right_mul(res, buf, qi.mT());  // (...) Q_in^T
+  return res.view(shape);
+}
+
+template <class Backend>
+at::Tensor kron_eigen_noise_impl(const at::Tensor& variance, at::IntArrayRef size, int64_t seed, int64_t offset,
+                                 double power) {
+  constexpr const char* op = "kron_eigen_noise";
+  TORCH_CHECK(size.size() >= 2, op, ": size must have at least 2 dimensions (..., out, in), got ", size);
+  for (const int64_t x : size) TORCH_CHECK(x >= 0, op, ": size must be non-negative, got ", size);
+  const int64_t out = size[size.size() - 2], in = size[size.size() - 1];
+  TORCH_CHECK(variance.dim() >= 2, op, ": variance must have at least 2 dimensions, got shape ", variance.sizes());
+  TORCH_CHECK(at::isFloatingType(variance.scalar_type()), op, ": variance must be a floating tensor, got dtype ",
+              variance.scalar_type());
+  TORCH_CHECK(std::isfinite(power), op, ": power must be finite, got ", power);
+  bool ok = variance.dim() <= static_cast<int64_t>(size.size());
+  for (int64_t k = 1; ok && k <= variance.dim(); ++k) {
+    const int64_t a = variance.size(-k), b = size[size.size() - k];
+    ok = (a == b || a == 1);
+  }
+  TORCH_CHECK(ok, op, ": variance of shape ", variance.sizes(), " does not broadcast to size ", size);
+  const at::IntArrayRef prefix = size.slice(0, size.size() - 2);
+  const int64_t rows = prod(prefix) * out;
+  check_noise_range(op, rows, in, offset);
+  at::Tensor z = at::empty(size, variance.options());
+  if (z.numel() == 0) return z;
+  const auto [s, offs] = prepare_scale(variance, variance.scalar_type(), prefix, out, in);
+  Backend::noise(z, s, offs, out, in, static_cast<uint64_t>(seed), static_cast<uint64_t>(offset), power);
+  return z;
+}
+
+template <class Backend>
+at::Tensor kron_eigen_sample_impl(const at::Tensor& loc_in, const at::Tensor& q_out_in, const at::Tensor& q_in_in,
+                                  const at::Tensor& variance_in, int64_t num_samples, int64_t seed, int64_t offset) {
+  constexpr const char* op = "kron_eigen_sample";
+  TORCH_CHECK(loc_in.dim() >= 2, op, ": loc must have shape (..., out, in), got ", loc_in.sizes());
+  const int64_t out = loc_in.size(-2), in = loc_in.size(-1);
+  check_matrix(op, "q_out", q_out_in, out, out, "the out x out eigenbasis, out = loc.size(-2)");
+  check_matrix(op, "q_in", q_in_in, in, in, "the in x in eigenbasis, in = loc.size(-1)");
+  check_bcast_matrix(op, "variance", variance_in, out, in, "the eigenvalues, like loc");
+  TORCH_CHECK(num_samples >= 0, op, ": num_samples must be non-negative, got ", num_samples);
+  check_same_device(op, {{"loc", loc_in}, {"q_out", q_out_in}, {"q_in", q_in_in}, {"variance", variance_in}});
+  const at::ScalarType dt = common_float_dtype(
+      op, {{"loc", loc_in}, {"q_out", q_out_in}, {"q_in", q_in_in}, {"variance", variance_in}});
+  const std::vector<int64_t> batch = broadcast_batch(
+      op, {{"loc", loc_in}, {"q_out", q_out_in}, {"q_in", q_in_in}, {"variance", variance_in}});
+  const int64_t n = prod(batch);
+  std::vector<int64_t> shape{num_samples};
+  shape.insert(shape.end(), batch.begin(), batch.end());
+  shape.push_back(out);
+  shape.push_back(in);
+  const auto opts = loc_in.options().dtype(dt);
+  const int64_t m = num_samples * n;  // matrices in the output
+  TORCH_CHECK(n == 0 || num_samples <= philox::kMaxIndex / n, op, ": num_samples * batch is too large");
+  check_noise_range(op, m * out, in, offset);
+  if (m * out * in == 0) return at::empty(shape, opts);
+
+  at::Tensor res = kron_eigen_noise_impl<Backend>(variance_in.to(dt), shape, seed, offset, 0.5);  // E * var^(1/2)
+  at::Tensor res3 = res.view({m, out, in});
+  at::Tensor buf = at::empty({m, out, in}, opts);
+  const at::Tensor qo = q_out_in.to(dt), qi = q_in_in.to(dt);
+  if (qo.dim() == 2) {
+    left_mul(buf, qo.expand({m, out, out}), res3);
+  } else {
+    const at::Tensor qo3 = as_batched(qo, batch, n);
+    for (int64_t k = 0; k < num_samples; ++k) {
+      at::Tensor dst = buf.narrow(0, k * n, n);
+      left_mul(dst, qo3, res3.narrow(0, k * n, n));
+    }
+  }
+  if (qi.dim() == 2) {
+    right_mul(res3, buf, qi.mT());
+  } else {
+    const at::Tensor qi3t = as_batched(qi, batch, n).mT();
+    for (int64_t k = 0; k < num_samples; ++k) {
+      at::Tensor dst = res3.narrow(0, k * n, n);
+      right_mul(dst, buf.narrow(0, k * n, n), qi3t);
+    }
+  }
+  res.add_(loc_in.to(dt));
+  return res;
+}
+
+}  // namespace kron
+}  // namespace vmfdist

@@ -1,0 +1,619 @@
+"""Tests of the Kronecker-eigenbasis ops (kron_eigen_matvec / kron_eigen_noise /
+kron_eigen_sample) and of vmfdist.distributions.MatrixNormal /
+EigenvalueCorrectedMatrixNormal.
+
+The independent reference is dense linear algebra on the (out*in) x (out*in)
+covariance (torch.kron, torch.distributions.MultivariateNormal), built only here;
+every Kronecker identity the code relies on is checked against it.  Random ops are
+tested statistically with tolerances from standard errors.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.distributions import Independent, MultivariateNormal, Normal, kl_divergence
+
+from vmfdist.distributions import EigenvalueCorrectedMatrixNormal, MatrixNormal
+from vmfdist.distributions import matrix_normal as mn
+from vmfdist.ops import kron_eigen_matvec, kron_eigen_sample, vmf
+from vmfdist.testing import cpu_and_cuda
+
+F64 = torch.float64
+Z = 4.5  # standard errors allowed in statistical tests (two-sided p ~ 7e-6 each)
+
+
+# ---------------------------------------------------------------------------
+# helpers: random parameters and the dense references
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def orth(n, seed, batch=(), dtype=F64):
+    q, r = torch.linalg.qr(torch.randn(*batch, n, n, generator=gen(seed), dtype=F64))
+    return (q * torch.sign(r.diagonal(dim1=-2, dim2=-1)).unsqueeze(-2)).to(dtype)
+
+
+def spd(n, seed, batch=(), dtype=F64):
+    a = torch.randn(*batch, n, n, generator=gen(seed), dtype=F64)
+    return (a @ a.mT / n + 0.5 * torch.eye(n, dtype=F64)).to(dtype)
+
+
+def pos(shape, seed, dtype=F64, lo=0.2):
+    return (lo + torch.rand(*shape, generator=gen(seed), dtype=F64) * 2).to(dtype)
+
+
+def randn(shape, seed, dtype=F64):
+    return torch.randn(*shape, generator=gen(seed), dtype=F64).to(dtype)
+
+
+def bkron(a, b):
+    """Batched Kronecker product (torch.kron on the last two dimensions)."""
+    n1, n2 = a.shape[-2:]
+    m1, m2 = b.shape[-2:]
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return (a[..., :, None, :, None] * b[..., None, :, None, :]).reshape(*batch, n1 * m1, n2 * m2)
+
+
+def vec(x):
+    return x.reshape(*x.shape[:-2], -1)
+
+
+def dense_mn(d):
+    """MultivariateNormal on vec W (row-major) for a MatrixNormal."""
+    return MultivariateNormal(vec(d.loc), covariance_matrix=bkron(d.row_covariance, d.column_covariance))
+
+
+def dense_emvg(d):
+    k = bkron(d.q_out, d.q_in)
+    cov = k @ torch.diag_embed(vec(d.eigenvalues)) @ k.mT
+    return MultivariateNormal(vec(d.loc), covariance_matrix=0.5 * (cov + cov.mT))
+
+
+def dense_diag(p):
+    return MultivariateNormal(vec(p.base_dist.loc), covariance_matrix=torch.diag_embed(vec(p.base_dist.scale.pow(2))))
+
+
+def dense_matvec(q_out, q_in, scale, v, power):
+    k = bkron(q_out, q_in)
+    y = k @ (vec(scale.pow(power)).unsqueeze(-1) * (k.mT @ vec(v).unsqueeze(-1)))
+    return y.squeeze(-1).reshape(y.shape[:-2] + v.shape[-2:])
+
+
+def make_mn(out, inn, seed, batch=(), tril=False):
+    loc = randn(batch + (out, inn), seed)
+    u, v = spd(out, seed + 1, batch), spd(inn, seed + 2)
+    if tril:
+        return MatrixNormal(loc, row_scale_tril=torch.linalg.cholesky(u), column_scale_tril=torch.linalg.cholesky(v))
+    return MatrixNormal(loc, u, v)
+
+
+def make_emvg(out, inn, seed, batch=(), q=None):
+    q_out, q_in = q if q is not None else (orth(out, seed + 1), orth(inn, seed + 2, batch))
+    return EigenvalueCorrectedMatrixNormal(randn(batch + (out, inn), seed), q_out, q_in, pos(batch + (out, inn), seed + 3))
+
+
+def make_diag(out, inn, seed, batch=()):
+    return Independent(Normal(randn(batch + (out, inn), seed), pos(batch + (out, inn), seed + 1, lo=0.5)), 2)
+
+
+# ---------------------------------------------------------------------------
+# Kronecker identities, against dense linear algebra
+
+
+def test_bkron_is_torch_kron():
+    a, b = randn((3, 2), 0), randn((4, 5), 1)
+    torch.testing.assert_close(bkron(a, b), torch.kron(a, b), rtol=0, atol=0)
+    ab = randn((2, 3, 3), 2)
+    torch.testing.assert_close(bkron(ab, b)[1], torch.kron(ab[1], b), rtol=0, atol=0)
+
+
+def test_identity_vec_row_major():
+    """vec(A X B^T) = (A kron B) vec(X) for the row-major vec (reshape(-1))."""
+    a, x, b = randn((3, 4), 0), randn((4, 5), 1), randn((2, 5), 2)
+    torch.testing.assert_close(vec(a @ x @ b.T), torch.kron(a, b) @ vec(x), rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("n,m", [(2, 3), (3, 2), (4, 1), (1, 4)])
+def test_identity_determinant_corrected_exponents(n, m):
+    """det(U kron V) = det(U)^m det(V)^n for U n x n, V m x m (the ELBO notes swap the exponents)."""
+    u, v = spd(n, 0) * 1.7, spd(m, 1) * 0.6
+    dense = torch.logdet(torch.kron(u, v))
+    torch.testing.assert_close(dense, m * torch.logdet(u) + n * torch.logdet(v), rtol=1e-12, atol=1e-12)
+    if n != m:  # the swapped form of 001 sec. 3.3 is wrong whenever n != m and the determinants are not 1
+        assert not torch.allclose(dense, n * torch.logdet(u) + m * torch.logdet(v))
+    a, b = torch.linalg.cholesky(u), torch.linalg.cholesky(v)
+    torch.testing.assert_close(2 * mn.kron_half_logdet(a, b), dense, rtol=1e-12, atol=1e-12)
+
+
+def test_identity_inverse_cholesky_mixed_product():
+    u, v = spd(3, 0), spd(4, 1)
+    torch.testing.assert_close(torch.linalg.inv(torch.kron(u, v)), torch.kron(torch.linalg.inv(u), torch.linalg.inv(v)),
+                               rtol=1e-10, atol=1e-12)
+    a, b = torch.linalg.cholesky(u), torch.linalg.cholesky(v)
+    # the Cholesky factor of U kron V is A kron B (lower triangular, positive diagonal)
+    torch.testing.assert_close(torch.linalg.cholesky(torch.kron(u, v)), torch.kron(a, b), rtol=1e-10, atol=1e-12)
+    c, d = randn((3, 3), 2), randn((4, 4), 3)
+    torch.testing.assert_close(torch.kron(u, v) @ torch.kron(c, d), torch.kron(u @ c, v @ d), rtol=1e-12, atol=1e-12)
+
+
+def test_identity_mahalanobis_trace_diag():
+    u, v, up, vp = spd(3, 0), spd(4, 1), spd(3, 2), spd(4, 3)
+    a, b, ap, bp = (torch.linalg.cholesky(x) for x in (u, v, up, vp))
+    d = randn((3, 4), 4)
+    dense = vec(d) @ torch.linalg.solve(torch.kron(u, v), vec(d))
+    torch.testing.assert_close(mn.kron_mahalanobis(a, b, d), dense, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(dense, torch.trace(torch.linalg.solve(u, d) @ torch.linalg.solve(v, d.T)),
+                               rtol=1e-12, atol=1e-12)
+    tr_dense = torch.trace(torch.linalg.solve(torch.kron(up, vp), torch.kron(u, v)))
+    tr_fact = torch.trace(torch.linalg.solve(up, u)) * torch.trace(torch.linalg.solve(vp, v))
+    torch.testing.assert_close(tr_dense, tr_fact, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(mn._tril_trace_ratio(ap, a) * mn._tril_trace_ratio(bp, b), tr_dense, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(torch.kron(u, v).diagonal(), vec(u.diagonal()[:, None] * v.diagonal()[None, :]),
+                               rtol=1e-14, atol=0)
+
+
+def test_identity_eigenbasis_covariance():
+    """(Q_o kron Q_i) diag(vec S) (Q_o kron Q_i)^T: eigenvalues vec S, log det sum log S, and
+    marginal variance (Q_o*Q_o) S (Q_i*Q_i)^T; Q_o kron Q_i is orthogonal."""
+    qo, qi, s = orth(3, 0), orth(4, 1), pos((3, 4), 2)
+    k = torch.kron(qo, qi)
+    torch.testing.assert_close(k.T @ k, torch.eye(12, dtype=F64), rtol=0, atol=1e-13)
+    cov = k @ torch.diag(vec(s)) @ k.T
+    torch.testing.assert_close(torch.linalg.eigvalsh(cov), vec(s).sort().values, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(torch.logdet(cov), s.log().sum(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(vec(mn.eigen_marginal_variance(qo, qi, s)), cov.diagonal(), rtol=1e-12, atol=1e-13)
+    # the projection Q_o^T D Q_i is K^T vec D
+    d = randn((3, 4), 3)
+    torch.testing.assert_close(vec(qo.T @ d @ qi), k.T @ vec(d), rtol=1e-12, atol=1e-13)
+
+
+# ---------------------------------------------------------------------------
+# kron_eigen_matvec
+
+
+@pytest.mark.parametrize("power", [1.0, 0.5, -0.5, -1.0, 2.0, 0.0, 0.3])
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_matvec_matches_dense(power, dtype):
+    qo, qi, s, v = orth(5, 0, dtype=dtype), orth(3, 1, dtype=dtype), pos((5, 3), 2, dtype), randn((4, 5, 3), 3, dtype)
+    y = kron_eigen_matvec(qo, qi, s, v, power)
+    assert y.dtype == dtype and y.shape == (4, 5, 3)
+    ref = dense_matvec(qo.double(), qi.double(), s.double(), v.double(), power)
+    tol = 1e-12 if dtype == F64 else 2e-5
+    torch.testing.assert_close(y.double(), ref, rtol=tol, atol=tol * ref.abs().max().item())
+
+
+def test_matvec_broadcasting_and_non_square():
+    """Batched bases and scales broadcast against v; out != in; non-orthogonal bases follow the formula."""
+    qo = randn((2, 1, 4, 4), 0)  # batch (2, 1)
+    qi = orth(2, 1, batch=(3,))  # batch (3,)
+    s = pos((1, 3, 4, 2), 2)     # batch (1, 3)
+    v = randn((4, 2), 3)         # unbatched
+    y = kron_eigen_matvec(qo, qi, s, v, -0.5)
+    assert y.shape == (2, 3, 4, 2)
+    torch.testing.assert_close(y, dense_matvec(qo, qi, s, v, -0.5), rtol=1e-12, atol=1e-12)
+
+
+def test_matvec_and_sample_broadcast_trailing_scale():
+    """scale / variance of trailing shape (out, 1), (1, in) or (1, 1) broadcast; gradients sum back."""
+    qo, qi, v = orth(4, 0), orth(3, 1), randn((2, 4, 3), 3)
+    for shape in [(4, 1), (1, 3), (1, 1)]:
+        s = pos(shape, 2).requires_grad_()
+        torch.testing.assert_close(kron_eigen_matvec(qo, qi, s, v, 0.5), dense_matvec(qo, qi, s.expand(4, 3), v, 0.5),
+                                   rtol=1e-12, atol=1e-12)
+        assert torch.autograd.gradcheck(lambda t: kron_eigen_matvec(qo, qi, t, v, 0.5), (s,))
+        assert torch.autograd.gradcheck(lambda t: vmf.kron_eigen_sample(v, qo, qi, t, 2, 5, 0), (s,))
+
+
+def test_matvec_power_algebra():
+    """power -1 inverts power 1, power 1/2 twice is power 1 (the natural-gradient uses)."""
+    qo, qi, s, v = orth(6, 0), orth(4, 1), pos((6, 4), 2), randn((3, 6, 4), 3)
+    y = kron_eigen_matvec(qo, qi, s, v, 1.0)
+    torch.testing.assert_close(kron_eigen_matvec(qo, qi, s, y, -1.0), v, rtol=1e-12, atol=1e-12)
+    h = kron_eigen_matvec(qo, qi, s, kron_eigen_matvec(qo, qi, s, v, 0.5), 0.5)
+    torch.testing.assert_close(h, y, rtol=1e-12, atol=1e-12)
+
+
+def test_matvec_non_contiguous_and_empty():
+    qo, qi, s = orth(4, 0), orth(3, 1), pos((4, 3), 2)
+    v = randn((2, 3, 4), 4).transpose(-1, -2)  # (2, 4, 3), non-contiguous
+    torch.testing.assert_close(kron_eigen_matvec(qo.T.contiguous().T, qi, s, v), dense_matvec(qo, qi, s, v, 1.0),
+                               rtol=1e-12, atol=1e-12)
+    assert kron_eigen_matvec(qo, qi, s, torch.zeros(0, 4, 3, dtype=F64)).shape == (0, 4, 3)
+    e = kron_eigen_matvec(torch.zeros(0, 0, dtype=F64), qi, torch.zeros(0, 3, dtype=F64), torch.zeros(2, 0, 3, dtype=F64))
+    assert e.shape == (2, 0, 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_matvec_low_precision(dtype):
+    qo, qi, s, v = orth(8, 0), orth(6, 1), pos((8, 6), 2), randn((2, 8, 6), 3)
+    y = kron_eigen_matvec(qo.to(dtype), qi.to(dtype), s.to(dtype), v.to(dtype), 0.5)
+    assert y.dtype == dtype
+    ref = dense_matvec(qo.to(dtype).double(), qi.to(dtype).double(), s.to(dtype).double(), v.to(dtype).double(), 0.5)
+    assert (y.double() - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+def test_matvec_dtype_promotion():
+    qo, qi, s, v = orth(3, 0), orth(2, 1), pos((3, 2), 2), randn((3, 2), 3)
+    y = kron_eigen_matvec(qo.float(), qi, s.float(), v.float())
+    assert y.dtype == F64
+    torch.testing.assert_close(y, dense_matvec(qo.float().double(), qi, s.float().double(), v.float().double(), 1.0))
+
+
+@pytest.mark.parametrize("power", [1.0, 0.5, -1.0, 0.0, 0.3])
+def test_matvec_gradcheck(power):
+    qo = randn((2, 3, 3), 0).requires_grad_()  # general (non-orthogonal) bases: the op is the formula
+    qi = randn((4, 4), 1).requires_grad_()
+    s = pos((3, 4), 2).requires_grad_()
+    v = randn((2, 1, 3, 4), 3).requires_grad_()
+
+    def f(a, b, c, d):
+        return kron_eigen_matvec(a, b, c, d, power)
+
+    assert torch.autograd.gradcheck(f, (qo, qi, s, v))
+    assert torch.autograd.gradgradcheck(f, (qo, qi, s, v))
+    # the fast path when only v needs a gradient
+    assert torch.autograd.gradcheck(lambda d: f(qo.detach(), qi.detach(), s.detach(), d), (v,))
+
+
+def test_matvec_errors():
+    qo, qi, s, v = orth(3, 0), orth(2, 1), pos((3, 2), 2), randn((3, 2), 3)
+    with pytest.raises(RuntimeError, match="q_out must have trailing shape"):
+        kron_eigen_matvec(orth(2, 0), qi, s, v)
+    with pytest.raises(RuntimeError, match="q_in must have trailing shape"):
+        kron_eigen_matvec(qo, randn((2, 3), 0), s, v)
+    with pytest.raises(RuntimeError, match="scale must have trailing shape"):
+        kron_eigen_matvec(qo, qi, pos((2, 3), 0), v)
+    with pytest.raises(RuntimeError, match="v must have shape"):
+        kron_eigen_matvec(qo, qi, s, randn((3,), 0))
+    with pytest.raises(RuntimeError, match="does not broadcast"):
+        kron_eigen_matvec(qo.expand(2, 3, 3), qi, s, v.expand(3, 3, 2))
+    with pytest.raises(RuntimeError, match="v must be a floating tensor"):
+        kron_eigen_matvec(qo, qi, s, torch.ones(3, 2, dtype=torch.int64))
+    with pytest.raises(RuntimeError, match="power must be finite"):
+        kron_eigen_matvec(qo, qi, s, v, math.inf)
+
+
+def test_opcheck_kron_ops():
+    qo, qi = randn((2, 3, 3), 0), randn((4, 4), 1)
+    s, v = pos((3, 4), 2), randn((2, 3, 4), 3)
+    torch.library.opcheck(vmf.kron_eigen_matvec, (qo, qi, s, v, 0.5))
+    torch.library.opcheck(vmf.kron_eigen_matvec, (qo.float(), qi.float(), s.float(), v.float()))
+    torch.library.opcheck(vmf.kron_eigen_noise, (s, [2, 3, 4], 7, 1, -0.5))
+    torch.library.opcheck(vmf.kron_eigen_sample, (v, qo, qi, s, 3, 123, 0))
+
+
+# ---------------------------------------------------------------------------
+# kron_eigen_noise / kron_eigen_sample
+
+
+def test_noise_contract_and_thread_independence():
+    """sample = loc + Q_out noise(var, 1/2) Q_in^T, and the same (seed, offset) gives the
+    same tensor on any thread count; rows are the Philox streams (the float32 and float64
+    Box-Muller use the same words, so they agree to float rounding)."""
+    loc, qo, qi, var = randn((2, 5, 7), 0), orth(5, 1), orth(7, 2), pos((5, 7), 3)
+    w = vmf.kron_eigen_sample(loc, qo, qi, var, 3, 99, 5)
+    e = vmf.kron_eigen_noise(var, [3, 2, 5, 7], 99, 5, 0.5)
+    torch.testing.assert_close(w, loc + qo @ e @ qi.T, rtol=0, atol=1e-14)
+    unit = vmf.kron_eigen_noise(torch.ones(1, 1, dtype=F64), [3, 2, 5, 7], 99, 5, 1.0)
+    torch.testing.assert_close(e, unit * var.sqrt(), rtol=1e-15, atol=0)
+    e32 = vmf.kron_eigen_noise(torch.ones(1, 1), [3, 2, 5, 7], 99, 5, 1.0)
+    assert (e32.double() - unit).abs().max() < 1e-5
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        a = vmf.kron_eigen_noise(var.float(), [64, 5, 7], 3, 0, 0.5)
+        torch.set_num_threads(max(2, threads))
+        b = vmf.kron_eigen_noise(var.float(), [64, 5, 7], 3, 0, 0.5)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, vmf.kron_eigen_noise(var.float(), [64, 5, 7], 4, 0, 0.5))
+    assert not torch.equal(a, vmf.kron_eigen_noise(var.float(), [64, 5, 7], 3, 1, 0.5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_noise_moments(dtype):
+    """Mean 0, variance 1, no correlation between neighbouring entries, rows and samples."""
+    n = 200_000
+    e = vmf.kron_eigen_noise(torch.ones(1, 1, dtype=dtype), [n // 40, 4, 10], 11, 0, 0.5).double()
+    x = e.reshape(-1)
+    assert abs(x.mean().item()) < Z / math.sqrt(n)
+    assert abs(x.var().item() - 1) < Z * math.sqrt(2 / n)
+    for a, b in [(e[..., :-1], e[..., 1:]), (e[:, :-1], e[:, 1:]), (e[:-1], e[1:])]:
+        assert abs((a * b).mean().item()) < Z / math.sqrt(a.numel())
+
+
+def test_sample_and_noise_gradcheck():
+    loc = randn((3, 4), 0).requires_grad_()
+    qo = randn((2, 3, 3), 1).requires_grad_()
+    qi = randn((4, 4), 2).requires_grad_()
+    var = pos((2, 3, 4), 3).requires_grad_()
+
+    def f(a, b, c, d):
+        return vmf.kron_eigen_sample(a, b, c, d, 3, 123, 0)
+
+    assert torch.autograd.gradcheck(f, (loc, qo, qi, var))
+    assert torch.autograd.gradgradcheck(f, (loc, qo, qi, var))
+    g = lambda d: vmf.kron_eigen_noise(d, [3, 2, 3, 4], 5, 1, 0.7)  # noqa: E731
+    assert torch.autograd.gradcheck(g, (var,)) and torch.autograd.gradgradcheck(g, (var,))
+    assert torch.autograd.gradcheck(lambda d: vmf.kron_eigen_noise(d, [3, 2, 3, 4], 5, 1, 0.0), (var,))
+
+
+def test_sample_wrapper_generator_and_shapes():
+    loc, qo, qi, var = randn((5, 3), 0), orth(5, 1), orth(3, 2), pos((5, 3), 3)
+    a = kron_eigen_sample(loc, qo, qi, var, (2, 4), generator=gen(7))
+    assert a.shape == (2, 4, 5, 3)
+    assert torch.equal(a, kron_eigen_sample(loc, qo, qi, var, (2, 4), generator=gen(7)))
+    torch.manual_seed(1)
+    b = kron_eigen_sample(loc, qo, qi, var)
+    torch.manual_seed(1)
+    assert b.shape == (5, 3) and torch.equal(b, kron_eigen_sample(loc, qo, qi, var))
+    assert kron_eigen_sample(loc, qo, qi, var, (0,)).shape == (0, 5, 3)
+
+
+def test_sample_errors():
+    loc, qo, qi, var = randn((5, 3), 0), orth(5, 1), orth(3, 2), pos((5, 3), 3)
+    with pytest.raises(RuntimeError, match="variance must have trailing shape"):
+        vmf.kron_eigen_sample(loc, qo, qi, var.T, 2, 0, 0)
+    with pytest.raises(RuntimeError, match="q_in must have trailing shape"):
+        vmf.kron_eigen_sample(loc, qo, qo, var, 2, 0, 0)
+    with pytest.raises(RuntimeError, match="num_samples must be non-negative"):
+        vmf.kron_eigen_sample(loc, qo, qi, var, -1, 0, 0)
+    with pytest.raises(RuntimeError, match="offset must be in"):
+        vmf.kron_eigen_sample(loc, qo, qi, var, 2, 0, -1)
+    with pytest.raises(RuntimeError, match="does not broadcast to size"):
+        vmf.kron_eigen_noise(var, [2, 3, 5], 0, 0, 0.5)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+def test_devices_agree(device):
+    """The same op on another device: same noise (float64 to rounding), same products."""
+    loc, qo, qi, var = randn((2, 6, 5), 0), orth(6, 1), orth(5, 2), pos((6, 5), 3)
+    args = [t.to(device) for t in (loc, qo, qi, var)]
+    w = vmf.kron_eigen_sample(*args, 4, 17, 2)
+    torch.testing.assert_close(w.cpu(), vmf.kron_eigen_sample(loc, qo, qi, var, 4, 17, 2), rtol=1e-12, atol=1e-12)
+    w32 = vmf.kron_eigen_sample(*[t.float() for t in args], 4, 17, 2)
+    torch.testing.assert_close(w32.cpu(), vmf.kron_eigen_sample(loc.float(), qo.float(), qi.float(), var.float(), 4,
+                                                                17, 2), rtol=1e-5, atol=1e-5)
+    y = kron_eigen_matvec(args[1], args[2], args[3], args[0], -0.5)
+    torch.testing.assert_close(y.cpu(), dense_matvec(qo, qi, var, loc, -0.5), rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------
+# MatrixNormal
+
+
+@pytest.mark.parametrize("tril", [False, True])
+def test_matrix_normal_density_entropy_moments(tril):
+    d = make_mn(3, 4, 0, batch=(2,), tril=tril)
+    ref = dense_mn(d)
+    assert d.batch_shape == (2,) and d.event_shape == (3, 4)
+    x = randn((5, 2, 3, 4), 9)
+    torch.testing.assert_close(d.log_prob(x), ref.log_prob(vec(x)), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(d.entropy(), ref.entropy(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(vec(d.variance), ref.variance, rtol=1e-12, atol=1e-12)
+    assert torch.equal(d.mean, d.loc) and torch.equal(d.mode, d.loc)
+    torch.testing.assert_close(d.row_covariance @ torch.ones(3, 1, dtype=F64),
+                               (d.row_scale_tril @ d.row_scale_tril.mT) @ torch.ones(3, 1, dtype=F64))
+
+
+def test_matrix_normal_broadcast_expand_sample_shapes():
+    loc = randn((2, 1, 3, 2), 0)
+    d = MatrixNormal(loc, spd(3, 1, batch=(4,)), spd(2, 2))
+    assert d.batch_shape == (2, 4)
+    assert d.sample((5,)).shape == (5, 2, 4, 3, 2)
+    assert d.log_prob(d.sample((5,))).shape == (5, 2, 4)
+    e = d.expand((6, 2, 4))
+    assert e.batch_shape == (6, 2, 4) and e.rsample().shape == (6, 2, 4, 3, 2)
+    torch.testing.assert_close(e.entropy()[3], d.entropy())
+    assert e.row_covariance.shape == (6, 2, 4, 3, 3)
+
+
+def test_matrix_normal_rsample_moments():
+    """Mean and the full 6x6 covariance of vec W against U kron V, tolerances from SEs."""
+    d = make_mn(3, 2, 0)
+    n = 40_000
+    w = d.rsample((n,), generator=gen(3))
+    _check_moments(vec(w), vec(d.loc), bkron(d.row_covariance, d.column_covariance), n)
+
+
+def _check_moments(x, mean, cov, n):
+    se_mean = (cov.diagonal() / n).sqrt()
+    assert ((x.mean(0) - mean).abs() / se_mean).max() < Z
+    c = x - mean  # the true mean: E[c_a c_b] = cov_ab, Var(c_a c_b) = cov_aa cov_bb + cov_ab^2
+    emp = c.T @ c / n
+    se = ((cov.diagonal()[:, None] * cov.diagonal()[None, :] + cov.pow(2)) / n).sqrt()
+    assert ((emp - cov).abs() / se).max() < Z
+
+
+def test_matrix_normal_rsample_gradient_unbiased():
+    """f(W) = |W|_F^2 has E f = |M|^2 + tr(U) tr(V), so the exact gradients are 2M, 2A tr(V)
+    and 2B tr(U).  The pathwise gradients of the op equal the per-sample formulas
+    2W, 2W B E^T, 2W^T A E (E recovered from W), whose spread gives the SEs."""
+    loc = randn((2, 3), 0).requires_grad_()
+    a = torch.linalg.cholesky(spd(2, 1)).requires_grad_()
+    b = torch.linalg.cholesky(spd(3, 2)).requires_grad_()
+    n = 20_000
+    w = MatrixNormal(loc, row_scale_tril=a, column_scale_tril=b).rsample((n,), generator=gen(5))
+    gl, ga, gb = torch.autograd.grad(w.pow(2).sum((-2, -1)).mean(), (loc, a, b))
+    with torch.no_grad():
+        w = w.detach()
+        e = torch.linalg.solve_triangular(b, torch.linalg.solve_triangular(a, w - loc, upper=False).mT,
+                                          upper=False).mT  # A^{-1} (W - M) B^{-T}
+        per = {"loc": 2 * w, "a": 2 * w @ b @ e.mT, "b": 2 * w.mT @ a @ e}
+        exact = {"loc": 2 * loc, "a": 2 * a * (b @ b.T).trace(), "b": 2 * b * (a @ a.T).trace()}
+        for name, g in (("loc", gl), ("a", ga), ("b", gb)):
+            torch.testing.assert_close(g, per[name].mean(0), rtol=1e-10, atol=1e-10)
+            se = per[name].std(0) / math.sqrt(n)
+            assert ((g - exact[name]).abs() <= Z * se + 1e-12).all(), name
+
+
+def test_matrix_normal_kls_against_dense():
+    q, p = make_mn(3, 4, 0, batch=(2,)), make_mn(3, 4, 10, tril=True)
+    torch.testing.assert_close(kl_divergence(q, p), kl_divergence(dense_mn(q), dense_mn(p)).expand(2),
+                               rtol=1e-11, atol=1e-11)
+    torch.testing.assert_close(kl_divergence(q, q), torch.zeros(2, dtype=F64), rtol=0, atol=1e-12)
+    r = make_diag(3, 4, 20, batch=(2,))
+    torch.testing.assert_close(kl_divergence(q, r), kl_divergence(dense_mn(q), dense_diag(r)), rtol=1e-11, atol=1e-11)
+
+
+def test_matrix_normal_gradcheck_log_prob_and_kl():
+    loc = randn((2, 3), 0).requires_grad_()
+    u = spd(2, 1).requires_grad_()
+    b = torch.linalg.cholesky(spd(3, 2)).requires_grad_()
+    x = randn((4, 2, 3), 3)
+
+    def lp(loc, u, b):
+        return MatrixNormal(loc, row_covariance=0.5 * (u + u.mT), column_scale_tril=b.tril()).log_prob(x)
+
+    assert torch.autograd.gradcheck(lp, (loc, u, b))
+    p = make_mn(2, 3, 7)
+    r = make_diag(2, 3, 8)
+
+    def kls(loc, u, b):
+        q = MatrixNormal(loc, row_covariance=0.5 * (u + u.mT), column_scale_tril=b.tril())
+        return torch.stack([kl_divergence(q, p), kl_divergence(q, r), kl_divergence(p, q), q.entropy()])
+
+    assert torch.autograd.gradcheck(kls, (loc, u, b))
+
+
+def test_matrix_normal_errors():
+    loc, u, v = randn((3, 2), 0), spd(3, 1), spd(2, 2)
+    with pytest.raises(ValueError, match="exactly one of row_covariance or row_scale_tril"):
+        MatrixNormal(loc, column_covariance=v)
+    with pytest.raises(ValueError, match="exactly one of column_covariance or column_scale_tril"):
+        MatrixNormal(loc, u, v, column_scale_tril=torch.linalg.cholesky(v))
+    with pytest.raises(ValueError, match=r"row_covariance must have trailing shape \(3, 3\)"):
+        MatrixNormal(loc, v, v)
+    with pytest.raises(ValueError, match=r"column_scale_tril must have trailing shape \(2, 2\)"):
+        MatrixNormal(loc, u, column_scale_tril=randn((2, 3), 0))
+    with pytest.raises(ValueError, match="loc must have shape"):
+        MatrixNormal(randn((3,), 0), u, v)
+    with pytest.raises(ValueError, match="batch shapes of the arguments do not broadcast"):
+        MatrixNormal(randn((2, 3, 2), 0), spd(3, 1, batch=(3,)), v)
+    bad = torch.tensor([[1.0, 2.0], [2.0, 1.0]], dtype=F64)  # symmetric, not PD
+    with pytest.raises(ValueError, match="column_covariance"):
+        MatrixNormal(loc, u, bad, validate_args=True)
+    with pytest.raises(ValueError, match="column_covariance is not positive definite"):
+        MatrixNormal(loc, u, bad, validate_args=False)
+    with pytest.raises(ValueError, match="row_scale_tril"):
+        MatrixNormal(loc, row_scale_tril=-torch.eye(3, dtype=F64), column_covariance=v, validate_args=True)
+    d = MatrixNormal(loc, u, v, validate_args=True)
+    with pytest.raises(ValueError):
+        d.log_prob(randn((2, 3), 0))
+
+
+# ---------------------------------------------------------------------------
+# EigenvalueCorrectedMatrixNormal
+
+
+def test_emvg_density_entropy_moments():
+    d = make_emvg(3, 4, 0, batch=(2,))
+    ref = dense_emvg(d)
+    x = randn((5, 2, 3, 4), 9)
+    torch.testing.assert_close(d.log_prob(x), ref.log_prob(vec(x)), rtol=1e-11, atol=1e-11)
+    torch.testing.assert_close(d.entropy(), ref.entropy(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(vec(d.variance), ref.variance, rtol=1e-12, atol=1e-12)
+    assert d.batch_shape == (2,) and d.eigenvalues.shape == (2, 3, 4)
+    assert d.expand((3, 2)).sample((4,)).shape == (4, 3, 2, 3, 4)
+
+
+def test_emvg_is_matrix_normal_when_eigenvalues_are_kronecker():
+    """S = lambda_U lambda_V^T with the eigenbases of U and V is the matrix normal MN(M, U, V)."""
+    u, v = spd(3, 1), spd(4, 2)
+    lu, qo = torch.linalg.eigh(u)
+    lv, qi = torch.linalg.eigh(v)
+    loc, x = randn((3, 4), 0), randn((6, 3, 4), 5)
+    e = EigenvalueCorrectedMatrixNormal(loc, qo, qi, lu[:, None] * lv[None, :])
+    m = MatrixNormal(loc, u, v)
+    torch.testing.assert_close(e.log_prob(x), m.log_prob(x), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(e.variance, m.variance, rtol=1e-12, atol=1e-12)
+
+
+def test_emvg_rsample_moments():
+    d = make_emvg(3, 2, 0)
+    n = 40_000
+    w = d.rsample((n,), generator=gen(4))
+    _check_moments(vec(w), vec(d.loc), dense_emvg(d).covariance_matrix, n)
+
+
+def test_emvg_rsample_gradient_unbiased():
+    """With orthogonal bases |W - M|_F^2 = sum E^2 S, so d/dS of its mean is 1 (var 2/n)."""
+    qo, qi = orth(3, 1), orth(2, 2)
+    s = pos((3, 2), 3).requires_grad_()
+    loc = randn((3, 2), 0)
+    n = 20_000
+    w = EigenvalueCorrectedMatrixNormal(loc, qo, qi, s).rsample((n,), generator=gen(6))
+    (g,) = torch.autograd.grad((w - loc).pow(2).sum((-2, -1)).mean(), s)
+    assert ((g - 1).abs() < Z * math.sqrt(2 / n)).all()
+
+
+def test_emvg_kls_against_dense():
+    qo, qi = orth(3, 1), orth(4, 2, batch=(2,))
+    q, p = make_emvg(3, 4, 0, batch=(2,), q=(qo, qi)), make_emvg(3, 4, 10, batch=(2,), q=(qo.clone(), qi))
+    torch.testing.assert_close(kl_divergence(q, p), kl_divergence(dense_emvg(q), dense_emvg(p)), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(kl_divergence(q, q), torch.zeros(2, dtype=F64), rtol=0, atol=1e-12)
+    r = make_diag(3, 4, 20)
+    torch.testing.assert_close(kl_divergence(q, r), kl_divergence(dense_emvg(q), dense_diag(r).expand((2,))),
+                               rtol=1e-10, atol=1e-10)
+    other = make_emvg(3, 4, 30)
+    with pytest.raises(ValueError, match="shared eigenbases only"):
+        kl_divergence(q, other)
+
+
+def test_emvg_gradcheck_log_prob_and_kl():
+    qo, qi = orth(2, 1), orth(3, 2)
+    loc = randn((2, 3), 0).requires_grad_()
+    s = pos((2, 3), 3).requires_grad_()
+    x = randn((4, 2, 3), 4)
+    p = make_emvg(2, 3, 7, q=(qo, qi))
+    r = make_diag(2, 3, 8)
+
+    def f(loc, s):
+        q = EigenvalueCorrectedMatrixNormal(loc, qo, qi, s)
+        return torch.cat([q.log_prob(x), torch.stack([kl_divergence(q, p), kl_divergence(p, q), kl_divergence(q, r),
+                                                      q.entropy()])])
+
+    assert torch.autograd.gradcheck(f, (loc, s))
+
+
+def test_emvg_errors():
+    loc, qo, qi, s = randn((3, 2), 0), orth(3, 1), orth(2, 2), pos((3, 2), 3)
+    with pytest.raises(ValueError, match=r"q_out must have trailing shape \(3, 3\)"):
+        EigenvalueCorrectedMatrixNormal(loc, qi, qi, s)
+    with pytest.raises(ValueError, match=r"variance must have trailing shape \(3, 2\)"):
+        EigenvalueCorrectedMatrixNormal(loc, qo, qi, s.T)
+    with pytest.raises(ValueError, match="q_in"):
+        EigenvalueCorrectedMatrixNormal(loc, qo, qi * 1.1, s, validate_args=True)
+    with pytest.raises(ValueError, match="eigenvalues"):
+        EigenvalueCorrectedMatrixNormal(loc, qo, qi, -s, validate_args=True)
+    EigenvalueCorrectedMatrixNormal(loc.float(), qo.float(), qi.float(), s.float(), validate_args=True)
+    with pytest.raises(NotImplementedError, match="Independent"):
+        kl_divergence(make_emvg(3, 2, 0), Independent(Normal(randn((3, 2), 1), pos((3, 2), 2)), 1))
+
+
+# ---------------------------------------------------------------------------
+# hypothesis: random shapes against the dense references
+
+
+@settings(max_examples=25, deadline=None)
+@given(out=st.integers(1, 4), inn=st.integers(1, 4), nb=st.integers(0, 2), seed=st.integers(0, 10_000),
+       power=st.sampled_from([1.0, -1.0, 0.5, -0.5, 0.25]))
+def test_hypothesis_against_dense(out, inn, nb, seed, power):
+    batch = (2,) * nb
+    q, p = make_mn(out, inn, seed, batch=batch), make_mn(out, inn, seed + 50, tril=True)
+    x = randn((3,) + batch + (out, inn), seed + 99)
+    torch.testing.assert_close(q.log_prob(x), dense_mn(q).log_prob(vec(x)), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(kl_divergence(q, p), kl_divergence(dense_mn(q), dense_mn(p)).expand(batch),
+                               rtol=1e-9, atol=1e-10)
+    e = make_emvg(out, inn, seed, batch=batch)
+    torch.testing.assert_close(e.log_prob(x), dense_emvg(e).log_prob(vec(x)), rtol=1e-10, atol=1e-10)
+    v = randn(batch + (out, inn), seed + 7)
+    torch.testing.assert_close(kron_eigen_matvec(e.q_out, e.q_in, e.eigenvalues, v, power),
+                               dense_matvec(e.q_out, e.q_in, e.eigenvalues, v, power), rtol=1e-10, atol=1e-10)

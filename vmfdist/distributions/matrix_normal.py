@@ -1,0 +1,458 @@
+r"""Matrix-variate Gaussians: :class:`MatrixNormal` (noisy K-FAC) and
+:class:`EigenvalueCorrectedMatrixNormal` (EMVG, noisy EK-FAC).
+
+A random matrix :math:`W` of shape ``(out, in)`` with :math:`\mathrm{vec}` taken
+**row-major** (``W.reshape(-1)``), so that :math:`\mathrm{vec}(A X B^T) = (A\otimes B)\,\mathrm{vec}(X)`
+with ``torch.kron``'s :math:`\otimes`:
+
+* ``MatrixNormal(M, U, V)``: :math:`W = M + A E B^T`, :math:`U = AA^T` (``out x out``, among
+  rows), :math:`V = BB^T` (``in x in``, among columns), :math:`E` standard normal, so
+  :math:`\mathrm{Cov}(\mathrm{vec}\,W) = U\otimes V`.
+* ``EigenvalueCorrectedMatrixNormal(M, Q_out, Q_in, S)``: :math:`W = M + Q_{out}(E\odot S^{1/2})Q_{in}^T`
+  with orthogonal bases, so :math:`\mathrm{Cov}(\mathrm{vec}\,W) = (Q_{out}\otimes Q_{in})\,
+  \mathrm{diag}(\mathrm{vec}\,S)\,(Q_{out}\otimes Q_{in})^T` (George et al. 2018; Bae et al.,
+  appendix B).
+
+Nothing here forms an ``(out*in) x (out*in)`` matrix.  The identities used, each
+tested against dense linear algebra in ``tests/test_kron.py`` (:math:`U` is
+:math:`n\times n`, :math:`V` is :math:`m\times m`; here :math:`n` = out, :math:`m` = in):
+
+* :math:`\det(U\otimes V) = \det(U)^m\det(V)^n` (the ELBO notes, 001 §3.3, swap the
+  exponents), so :math:`\tfrac12\log\det(U\otimes V) = m\sum_i\log A_{ii} + n\sum_j\log B_{jj}`;
+* :math:`(U\otimes V)^{-1} = U^{-1}\otimes V^{-1}` and
+  :math:`\mathrm{vec}(D)^T(U\otimes V)^{-1}\mathrm{vec}(D) = \|A^{-1} D B^{-T}\|_F^2`;
+* :math:`\mathrm{tr}\big((U_p\otimes V_p)^{-1}(U_q\otimes V_q)\big) = \mathrm{tr}(U_p^{-1}U_q)\,\mathrm{tr}(V_p^{-1}V_q)`,
+  :math:`\mathrm{tr}(U_p^{-1}U_q) = \|A_p^{-1}A_q\|_F^2`;
+* :math:`\mathrm{diag}(U\otimes V) = \mathrm{vec}(\mathrm{diag}(U)\,\mathrm{diag}(V)^T)`;
+* :math:`\mathrm{diag}\big((Q_o\otimes Q_i)\mathrm{diag}(\mathrm{vec}\,S)(Q_o\otimes Q_i)^T\big)
+  = \mathrm{vec}\big((Q_o\odot Q_o)\,S\,(Q_i\odot Q_i)^T\big)`;
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch.distributions import Distribution, Independent, Normal, constraints
+from torch.distributions.kl import register_kl
+from torch.distributions.utils import lazy_property
+
+from ..ops import kron_eigen_sample
+
+__all__ = ["MatrixNormal", "EigenvalueCorrectedMatrixNormal", "orthogonal"]
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+class _Orthogonal(constraints.Constraint):
+    r"""Square matrices with :math:`Q^TQ = I` to a tolerance scaled by the dtype
+    (:math:`10^{-8}` in float64, :math:`10^{-3}` in float32, :math:`10^{-2}` otherwise, on
+    the largest entry of :math:`Q^TQ - I`)."""
+
+    is_discrete = False
+    event_dim = 2
+
+    def check(self, value):
+        if value.shape[-1] != value.shape[-2]:
+            return torch.zeros(value.shape[:-2], dtype=torch.bool, device=value.device)
+        tol = {torch.float64: 1e-8, torch.float32: 1e-3}.get(value.dtype, 1e-2)
+        v = value.to(torch.promote_types(value.dtype, torch.float32))
+        eye = torch.eye(v.shape[-1], dtype=v.dtype, device=v.device)
+        return ((v.mT @ v - eye).abs().amax(dim=(-2, -1)) <= tol) if v.shape[-1] > 0 else torch.ones(
+            v.shape[:-2], dtype=torch.bool, device=v.device)
+
+    def __repr__(self):
+        return "Orthogonal()"
+
+
+#: The constraint on the bases of :class:`EigenvalueCorrectedMatrixNormal`: orthogonal square matrices, event dimension 2.
+orthogonal = _Orthogonal()
+
+_real_matrix = constraints.independent(constraints.real, 2)
+_positive_matrix = constraints.independent(constraints.positive, 2)
+
+
+def _as_float(name: str, x, like: Optional[torch.Tensor] = None) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        x = torch.as_tensor(x, dtype=None if like is None else like.dtype, device=None if like is None else like.device)
+    if not (x.is_floating_point()):
+        if x.is_complex():
+            raise TypeError(f"{name} must be real, got dtype {x.dtype}")
+        x = x.to(torch.get_default_dtype())
+    return x
+
+
+def _check_trailing(name: str, t: torch.Tensor, rows: int, cols: int, what: str) -> None:
+    if t.dim() < 2:
+        raise ValueError(f"{name} must have at least 2 dimensions ({what}), got shape {tuple(t.shape)}")
+    if tuple(t.shape[-2:]) != (rows, cols):
+        raise ValueError(f"{name} must have trailing shape ({rows}, {cols}) ({what}), got shape {tuple(t.shape)}")
+
+
+def _common(named: dict):
+    """Common floating dtype, the common device (an error naming the odd argument) and
+    the broadcast batch shape (an error naming the arguments)."""
+    items = list(named.items())
+    dev = items[0][1].device
+    for name, t in items:
+        if t.device != dev:
+            raise ValueError(f"{name} must be on the same device as {items[0][0]}, got {t.device} and {dev}")
+    dt = items[0][1].dtype
+    for _, t in items[1:]:
+        dt = torch.promote_types(dt, t.dtype)
+    try:
+        batch = torch.broadcast_shapes(*(t.shape[:-2] for _, t in items))
+    except RuntimeError:
+        shapes = ", ".join(f"{k} {tuple(t.shape[:-2])}" for k, t in items)
+        raise ValueError(f"the batch shapes of the arguments do not broadcast: {shapes}") from None
+    return dt, dev, batch
+
+
+def _cholesky(name: str, cov: torch.Tensor) -> torch.Tensor:
+    tril, info = torch.linalg.cholesky_ex(cov)
+    if bool((info != 0).any()):
+        raise ValueError(f"{name} is not positive definite (its Cholesky factorisation failed)")
+    return tril
+
+
+def _tril_half_logdet(tril: torch.Tensor) -> torch.Tensor:
+    """:math:`\\tfrac12\\log\\det(LL^T) = \\sum_i \\log L_{ii}`."""
+    return tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+
+
+def kron_half_logdet(row_tril: torch.Tensor, column_tril: torch.Tensor) -> torch.Tensor:
+    r""":math:`\tfrac12\log\det(U\otimes V) = m\sum_i\log A_{ii} + n\sum_j\log B_{jj}` for
+    :math:`U = AA^T` (:math:`n\times n`) and :math:`V = BB^T` (:math:`m\times m`), from
+    :math:`\det(U\otimes V) = \det(U)^m\det(V)^n`."""
+    n, m = row_tril.shape[-1], column_tril.shape[-1]
+    return m * _tril_half_logdet(row_tril) + n * _tril_half_logdet(column_tril)
+
+
+def kron_mahalanobis(row_tril: torch.Tensor, column_tril: torch.Tensor, diff: torch.Tensor) -> torch.Tensor:
+    r""":math:`\mathrm{vec}(D)^T(U\otimes V)^{-1}\mathrm{vec}(D) = \|A^{-1}DB^{-T}\|_F^2` (two
+    triangular solves; batch dimensions broadcast)."""
+    y = torch.linalg.solve_triangular(row_tril, diff, upper=False)
+    z = torch.linalg.solve_triangular(column_tril.mT, y, upper=True, left=False)
+    return z.pow(2).sum((-2, -1))
+
+
+def _tril_trace_ratio(p_tril: torch.Tensor, q_tril: torch.Tensor) -> torch.Tensor:
+    """tr((L_p L_p^T)^{-1} L_q L_q^T) = |L_p^{-1} L_q|_F^2."""
+    return torch.linalg.solve_triangular(p_tril, q_tril, upper=False).pow(2).sum((-2, -1))
+
+
+def eigen_marginal_variance(q_out: torch.Tensor, q_in: torch.Tensor, variance: torch.Tensor) -> torch.Tensor:
+    r"""The diagonal of :math:`(Q_o\otimes Q_i)\,\mathrm{diag}(\mathrm{vec}\,S)\,(Q_o\otimes Q_i)^T`
+    as an ``(out, in)`` matrix: :math:`(Q_o\odot Q_o)\,S\,(Q_i\odot Q_i)^T`."""
+    return (q_out * q_out) @ variance @ (q_in * q_in).mT
+
+
+# ---------------------------------------------------------------------------------
+class MatrixNormal(Distribution):
+    r"""Matrix normal distribution :math:`\mathcal{MN}(M, U, V)` of ``(out, in)`` matrices:
+    :math:`W = M + AEB^T`, :math:`U = AA^T`, :math:`V = BB^T`,
+    :math:`\mathrm{Cov}(\mathrm{vec}\,W) = U\otimes V` (row-major vec).
+
+    Args:
+        loc: the mean :math:`M`, shape ``(..., out, in)``.
+        row_covariance: :math:`U`, ``(..., out, out)``, positive definite (among rows).
+        column_covariance: :math:`V`, ``(..., in, in)``, positive definite (among columns).
+        row_scale_tril: :math:`A`, the lower Cholesky factor of :math:`U` (positive diagonal),
+            instead of ``row_covariance``.
+        column_scale_tril: :math:`B`, instead of ``column_covariance``.
+        validate_args: as in :mod:`torch.distributions` (checks positive definiteness or the
+            lower-Cholesky structure, and samples passed to :meth:`log_prob`).
+
+    Exactly one of ``row_covariance`` / ``row_scale_tril`` and exactly one of
+    ``column_covariance`` / ``column_scale_tril`` must be given.  ``batch_shape`` is the
+    broadcast of the arguments' leading dimensions, ``event_shape`` is ``(out, in)``.
+    :meth:`rsample` is reparameterised (one call of the compiled ``kron_eigen_sample``
+    op with the Cholesky factors as bases), and takes an optional ``generator``.
+    """
+
+    arg_constraints = {
+        "loc": _real_matrix,
+        "row_covariance": constraints.positive_definite,
+        "column_covariance": constraints.positive_definite,
+        "row_scale_tril": constraints.lower_cholesky,
+        "column_scale_tril": constraints.lower_cholesky,
+    }
+    support = _real_matrix
+    has_rsample = True
+
+    def __init__(self, loc, row_covariance=None, column_covariance=None, row_scale_tril=None, column_scale_tril=None,
+                 validate_args=None):
+        loc = _as_float("loc", loc)
+        if loc.dim() < 2:
+            raise ValueError(f"loc must have shape (..., out, in), got shape {tuple(loc.shape)}")
+        out, inn = loc.shape[-2:]
+        if (row_covariance is None) == (row_scale_tril is None):
+            raise ValueError("exactly one of row_covariance or row_scale_tril must be given")
+        if (column_covariance is None) == (column_scale_tril is None):
+            raise ValueError("exactly one of column_covariance or column_scale_tril must be given")
+        row_name = "row_covariance" if row_scale_tril is None else "row_scale_tril"
+        col_name = "column_covariance" if column_scale_tril is None else "column_scale_tril"
+        row = _as_float(row_name, row_covariance if row_scale_tril is None else row_scale_tril, loc)
+        col = _as_float(col_name, column_covariance if column_scale_tril is None else column_scale_tril, loc)
+        _check_trailing(row_name, row, out, out, f"out x out with out = loc.size(-2) = {out}")
+        _check_trailing(col_name, col, inn, inn, f"in x in with in = loc.size(-1) = {inn}")
+        dt, _, batch = _common({"loc": loc, row_name: row, col_name: col})
+        loc, row, col = loc.to(dt), row.to(dt), col.to(dt)
+        self.loc = loc.expand(batch + (out, inn))
+        setattr(self, row_name, row.expand(batch + (out, out)))
+        setattr(self, col_name, col.expand(batch + (inn, inn)))
+        super().__init__(batch, torch.Size((out, inn)), validate_args=validate_args)
+        # unbroadcast factors (as MultivariateNormal keeps _unbroadcasted_scale_tril)
+        self._row_tril = row if row_scale_tril is not None else _cholesky("row_covariance", row)
+        self._col_tril = col if column_scale_tril is not None else _cholesky("column_covariance", col)
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(MatrixNormal, _instance)
+        batch_shape = torch.Size(batch_shape)
+        new.loc = self.loc.expand(batch_shape + self.event_shape)
+        new._row_tril, new._col_tril = self._row_tril, self._col_tril
+        for name in ("row_covariance", "row_scale_tril", "column_covariance", "column_scale_tril"):
+            if name in self.__dict__:
+                t = self.__dict__[name]
+                setattr(new, name, t.expand(batch_shape + t.shape[-2:]))
+        super(MatrixNormal, new).__init__(batch_shape, self.event_shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    # ---- parameters --------------------------------------------------------------
+    @lazy_property
+    def row_scale_tril(self) -> torch.Tensor:
+        return self._row_tril.expand(self.batch_shape + self._row_tril.shape[-2:])
+
+    @lazy_property
+    def column_scale_tril(self) -> torch.Tensor:
+        return self._col_tril.expand(self.batch_shape + self._col_tril.shape[-2:])
+
+    @lazy_property
+    def row_covariance(self) -> torch.Tensor:
+        return (self._row_tril @ self._row_tril.mT).expand(self.batch_shape + self._row_tril.shape[-2:])
+
+    @lazy_property
+    def column_covariance(self) -> torch.Tensor:
+        return (self._col_tril @ self._col_tril.mT).expand(self.batch_shape + self._col_tril.shape[-2:])
+
+    # ---- moments -------------------------------------------------------------------
+    @property
+    def mean(self) -> torch.Tensor:
+        return self.loc
+
+    @property
+    def mode(self) -> torch.Tensor:
+        return self.loc
+
+    @property
+    def variance(self) -> torch.Tensor:
+        r""":math:`\mathrm{Var}(W_{ij}) = U_{ii}V_{jj}` (the diagonal of :math:`U\otimes V`)."""
+        du = self._row_tril.pow(2).sum(-1)  # diag(A A^T)
+        dv = self._col_tril.pow(2).sum(-1)
+        return (du.unsqueeze(-1) * dv.unsqueeze(-2)).expand(self.batch_shape + self.event_shape)
+
+    # ---- densities -----------------------------------------------------------------
+    def _half_logdet(self) -> torch.Tensor:
+        return kron_half_logdet(self._row_tril, self._col_tril)
+
+    def log_prob(self, value):
+        r""":math:`-\tfrac12\big(nm\log 2\pi + m\log\det U + n\log\det V + \|A^{-1}(W-M)B^{-T}\|_F^2\big)`."""
+        if self._validate_args:
+            self._validate_sample(value)
+        k = self.event_shape[0] * self.event_shape[1]
+        maha = kron_mahalanobis(self._row_tril, self._col_tril, value - self.loc)
+        return -0.5 * (k * _LOG_2PI + maha) - self._half_logdet()
+
+    def entropy(self):
+        r""":math:`\tfrac{nm}{2}(1 + \log 2\pi) + \tfrac12\log\det(U\otimes V)`."""
+        k = self.event_shape[0] * self.event_shape[1]
+        return (0.5 * k * (1.0 + _LOG_2PI) + self._half_logdet()).expand(self.batch_shape)
+
+    # ---- sampling ------------------------------------------------------------------
+    def rsample(self, sample_shape=torch.Size(), generator: Optional[torch.Generator] = None):
+        ones = torch.ones((1, 1), dtype=self.loc.dtype, device=self.loc.device)
+        w = kron_eigen_sample(self.loc, self._row_tril, self._col_tril, ones, sample_shape, generator=generator)
+        return w.expand(self._extended_shape(torch.Size(sample_shape)))
+
+    def sample(self, sample_shape=torch.Size(), generator: Optional[torch.Generator] = None):
+        with torch.no_grad():
+            return self.rsample(sample_shape, generator=generator)
+
+
+# ---------------------------------------------------------------------------------
+class EigenvalueCorrectedMatrixNormal(Distribution):
+    r"""Eigenvalue-corrected matrix-variate Gaussian (EMVG) of ``(out, in)`` matrices:
+    :math:`W = M + Q_{out}(E\odot S^{1/2})Q_{in}^T`, i.e.
+    :math:`\mathrm{Cov}(\mathrm{vec}\,W) = (Q_{out}\otimes Q_{in})\,\mathrm{diag}(\mathrm{vec}\,S)\,(Q_{out}\otimes Q_{in})^T`.
+
+    Args:
+        loc: the mean :math:`M`, ``(..., out, in)``.
+        q_out: orthogonal ``(..., out, out)`` (e.g. the eigenvectors of the K-FAC output factor).
+        q_in: orthogonal ``(..., in, in)``.
+        variance: :math:`S > 0`, ``(..., out, in)``: the variances in the Kronecker eigenbasis,
+            which are the eigenvalues of :math:`\mathrm{Cov}(\mathrm{vec}\,W)`.  Stored as the
+            attribute ``eigenvalues``, because ``variance`` is, as everywhere in
+            :mod:`torch.distributions`, the marginal variance of :math:`W`.
+        validate_args: checks orthogonality (to a dtype-dependent tolerance, see
+            :data:`orthogonal`), :math:`S > 0` and samples.
+
+    :meth:`rsample` is one call of the compiled ``kron_eigen_sample`` op
+    (reparameterised in ``loc``, ``variance`` and the bases).
+    """
+
+    arg_constraints = {"loc": _real_matrix, "q_out": orthogonal, "q_in": orthogonal, "eigenvalues": _positive_matrix}
+    support = _real_matrix
+    has_rsample = True
+
+    def __init__(self, loc, q_out, q_in, variance, validate_args=None):
+        loc = _as_float("loc", loc)
+        if loc.dim() < 2:
+            raise ValueError(f"loc must have shape (..., out, in), got shape {tuple(loc.shape)}")
+        out, inn = loc.shape[-2:]
+        q_out, q_in, variance = (_as_float(n, x, loc) for n, x in (("q_out", q_out), ("q_in", q_in),
+                                                                    ("variance", variance)))
+        _check_trailing("q_out", q_out, out, out, f"out x out with out = loc.size(-2) = {out}")
+        _check_trailing("q_in", q_in, inn, inn, f"in x in with in = loc.size(-1) = {inn}")
+        _check_trailing("variance", variance, out, inn, "like loc")
+        dt, _, batch = _common({"loc": loc, "q_out": q_out, "q_in": q_in, "variance": variance})
+        self._q_out, self._q_in, self._s = q_out.to(dt), q_in.to(dt), variance.to(dt)
+        self.loc = loc.to(dt).expand(batch + (out, inn))
+        self.q_out = self._q_out.expand(batch + (out, out))
+        self.q_in = self._q_in.expand(batch + (inn, inn))
+        self.eigenvalues = self._s.expand(batch + (out, inn))
+        super().__init__(batch, torch.Size((out, inn)), validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(EigenvalueCorrectedMatrixNormal, _instance)
+        batch_shape = torch.Size(batch_shape)
+        out, inn = self.event_shape
+        new._q_out, new._q_in, new._s = self._q_out, self._q_in, self._s
+        new.loc = self.loc.expand(batch_shape + self.event_shape)
+        new.q_out = self._q_out.expand(batch_shape + (out, out))
+        new.q_in = self._q_in.expand(batch_shape + (inn, inn))
+        new.eigenvalues = self._s.expand(batch_shape + (out, inn))
+        super(EigenvalueCorrectedMatrixNormal, new).__init__(batch_shape, self.event_shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self.loc
+
+    @property
+    def mode(self) -> torch.Tensor:
+        return self.loc
+
+    @property
+    def variance(self) -> torch.Tensor:
+        r"""Marginal :math:`\mathrm{Var}(W_{ij}) = [(Q_o\odot Q_o)\,S\,(Q_i\odot Q_i)^T]_{ij}`."""
+        return eigen_marginal_variance(self._q_out, self._q_in, self._s).expand(self.batch_shape + self.event_shape)
+
+    def _half_logdet(self) -> torch.Tensor:
+        return 0.5 * self._s.log().sum((-2, -1))
+
+    def log_prob(self, value):
+        r""":math:`-\tfrac12\big(nm\log 2\pi + \sum\log S + \sum (Q_o^T(W-M)Q_i)^2/S\big)`."""
+        if self._validate_args:
+            self._validate_sample(value)
+        k = self.event_shape[0] * self.event_shape[1]
+        proj = self._q_out.mT @ (value - self.loc) @ self._q_in
+        maha = (proj.pow(2) / self._s).sum((-2, -1))
+        return -0.5 * (k * _LOG_2PI + maha) - self._half_logdet()
+
+    def entropy(self):
+        k = self.event_shape[0] * self.event_shape[1]
+        return (0.5 * k * (1.0 + _LOG_2PI) + self._half_logdet()).expand(self.batch_shape)
+
+    def rsample(self, sample_shape=torch.Size(), generator: Optional[torch.Generator] = None):
+        w = kron_eigen_sample(self.loc, self._q_out, self._q_in, self._s, sample_shape, generator=generator)
+        return w.expand(self._extended_shape(torch.Size(sample_shape)))
+
+    def sample(self, sample_shape=torch.Size(), generator: Optional[torch.Generator] = None):
+        with torch.no_grad():
+            return self.rsample(sample_shape, generator=generator)
+
+
+# ---- KL divergences ------------------------------------------------------------------
+def _check_events(q, p, name):
+    if q.event_shape != p.event_shape:
+        raise ValueError(f"KL({name}): event shapes differ: {tuple(q.event_shape)} and {tuple(p.event_shape)}")
+
+
+def _diag_normal_target(p, name):
+    """(mean, variance, 1/2 log det) of an Independent(Normal, 2) target."""
+    if not isinstance(p.base_dist, Normal) or p.reinterpreted_batch_ndims != 2:
+        raise NotImplementedError(f"KL({name} || Independent) is implemented for Independent(Normal(loc, scale), 2) "
+                                  f"(the matrix event of shape (out, in)), got {p!r} with reinterpreted_batch_ndims = "
+                                  f"{p.reinterpreted_batch_ndims}")
+    scale = p.base_dist.scale
+    return p.base_dist.loc, scale.pow(2), scale.log().sum((-2, -1))
+
+
+@register_kl(MatrixNormal, MatrixNormal)
+def _kl_matrix_normal_matrix_normal(q, p):
+    r""":math:`\tfrac12\big[\mathrm{tr}(U_p^{-1}U_q)\,\mathrm{tr}(V_p^{-1}V_q) + \|A_p^{-1}(M_q-M_p)B_p^{-T}\|_F^2 - nm\big]
+    + \tfrac12\log\det(U_p\otimes V_p) - \tfrac12\log\det(U_q\otimes V_q)`."""
+    _check_events(q, p, "MatrixNormal || MatrixNormal")
+    k = q.event_shape[0] * q.event_shape[1]
+    tr = _tril_trace_ratio(p._row_tril, q._row_tril) * _tril_trace_ratio(p._col_tril, q._col_tril)
+    maha = kron_mahalanobis(p._row_tril, p._col_tril, q.loc - p.loc)
+    kl = 0.5 * (tr + maha - k) + p._half_logdet() - q._half_logdet()
+    return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))
+
+
+@register_kl(MatrixNormal, Independent)
+def _kl_matrix_normal_diag(q, p):
+    r"""To :math:`\mathcal N(\mu_p, \mathrm{diag}\,\sigma_p^2)`: :math:`\mathrm{tr} = \sum_{ij}U_{ii}V_{jj}/\sigma_{p,ij}^2`."""
+    mu_p, var_p, half_logdet_p = _diag_normal_target(p, "MatrixNormal")
+    _check_events(q, p, "MatrixNormal || Independent(Normal)")
+    k = q.event_shape[0] * q.event_shape[1]
+    du = q._row_tril.pow(2).sum(-1).unsqueeze(-1)
+    dv = q._col_tril.pow(2).sum(-1).unsqueeze(-2)
+    tr = (du * dv / var_p).sum((-2, -1))
+    maha = ((q.loc - mu_p).pow(2) / var_p).sum((-2, -1))
+    kl = 0.5 * (tr + maha - k) + half_logdet_p - q._half_logdet()
+    return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))
+
+
+@register_kl(EigenvalueCorrectedMatrixNormal, Independent)
+def _kl_emvg_diag(q, p):
+    r"""To :math:`\mathcal N(\mu_p, \mathrm{diag}\,\sigma_p^2)`: the trace term is
+    :math:`\sum_{ij}\mathrm{Var}_q(W_{ij})/\sigma_{p,ij}^2` with the marginal variance
+    :math:`(Q_o\odot Q_o)S(Q_i\odot Q_i)^T`."""
+    mu_p, var_p, half_logdet_p = _diag_normal_target(p, "EigenvalueCorrectedMatrixNormal")
+    _check_events(q, p, "EigenvalueCorrectedMatrixNormal || Independent(Normal)")
+    k = q.event_shape[0] * q.event_shape[1]
+    tr = (eigen_marginal_variance(q._q_out, q._q_in, q._s) / var_p).sum((-2, -1))
+    maha = ((q.loc - mu_p).pow(2) / var_p).sum((-2, -1))
+    kl = 0.5 * (tr + maha - k) + half_logdet_p - q._half_logdet()
+    return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a is b:
+        return True
+    try:
+        a, b = torch.broadcast_tensors(a, b)
+    except RuntimeError:
+        return False
+    return bool(torch.equal(a, b))
+
+
+@register_kl(EigenvalueCorrectedMatrixNormal, EigenvalueCorrectedMatrixNormal)
+def _kl_emvg_emvg(q, p):
+    r"""With shared bases (the case of noisy EK-FAC, whose prior and posterior share the
+    K-FAC eigenbasis): :math:`\tfrac12\big[\sum S_q/S_p + \sum(Q_o^T(M_q - M_p)Q_i)^2/S_p - nm
+    + \sum\log S_p - \sum\log S_q\big]`.  The bases must be equal (the same tensors, or
+    equal values); otherwise a ``ValueError`` is raised."""
+    _check_events(q, p, "EigenvalueCorrectedMatrixNormal || EigenvalueCorrectedMatrixNormal")
+    if not (_same_tensor(q._q_out, p._q_out) and _same_tensor(q._q_in, p._q_in)):
+        raise ValueError("KL(EigenvalueCorrectedMatrixNormal || EigenvalueCorrectedMatrixNormal) is implemented for "
+                         "shared eigenbases only: q.q_out must equal p.q_out and q.q_in must equal p.q_in, but the "
+                         "bases differ")
+    k = q.event_shape[0] * q.event_shape[1]
+    sq, sp = q._s, p._s
+    proj = p._q_out.mT @ (q.loc - p.loc) @ p._q_in
+    kl = 0.5 * ((sq / sp).sum((-2, -1)) + (proj.pow(2) / sp).sum((-2, -1)) - k) + p._half_logdet() - q._half_logdet()
+    return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))
