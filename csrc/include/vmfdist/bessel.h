@@ -273,7 +273,8 @@ VMF_INLINE DD log_iv_olver(double nu, double z, bool scaled) {
   int e;
   ::frexp(nu > z ? nu : z, &e);
   double nus = ::ldexp(nu, -e), zs = ::ldexp(z, -e);
-  DD a = dd::ldexp(dd::sqrt(dd::two_prod(nus, nus) + dd::two_prod(zs, zs)), e);
+  DD as = dd::sqrt(dd::two_prod(nus, nus) + dd::two_prod(zs, zs));  // A 2^-e, in [1, sqrt 2]
+  DD a = dd::ldexp(as, e);
   DD log_q = (z > 1e-280) ? dd::log(DD(z) / (a + nu)) : dd::log(z) - dd::log(a + nu);
   DD half_log = (dd::log(a) + DD(dd::kLog2PiHi, dd::kLog2PiLo)) * 0.5;
   // sum_{k>=1} u_k(p) / nu^k, stopping once max|u_k| / nu^k is far below 2^-53.
@@ -287,7 +288,8 @@ VMF_INLINE DD log_iv_olver(double nu, double z, bool scaled) {
     for (int j = k - 1; j >= 0; --j) poly = poly * p2 + olver::kU[k][j];
     s += pk * poly;
   }
-  DD lead_term = scaled ? (DD(nu) / (a + z)) * nu : a;
+  // nu^2 / (A + z) = nu (nu 2^-e) / ((A + z) 2^-e): A + z itself overflows for z near DBL_MAX.
+  DD lead_term = scaled ? (DD(nu) / (as + zs)) * nus : a;
   return lead_term + log_q * nu - half_log + ::log1p(s);
 }
 
@@ -334,6 +336,19 @@ VMF_INLINE double segura_b(double nu, double z, double alpha) {
   return z / (delta + ::hypot(delta, z));
 }
 
+// Theorem 4's z / ((nu - c) + sqrt((nu + c)^2 + z^2)), c = 1/2 (lower) or 1 (upper).
+// For nu < c the denominator cancels (to 0 once z^2 is below the rounding of (nu + c)^2: the
+// lower bound was inf at nu = 0, z = 1e-9);
+// there it is (4 c nu + z^2) / (sqrt((nu + c)^2 + z^2) + (c - nu)), all terms >= 0, so
+// the bound is (h + c - nu) / (4 c nu / z + z), with z / (4 c nu) taken apart if 4 c nu / z overflows.
+VMF_INLINE double theorem4_b(double nu, double z, double c) {
+  double h = ::hypot(nu + c, z);
+  if (nu >= c) return z / ((nu - c) + h);
+  double q = (4.0 * c * nu) / z;
+  if (is_inf(q)) return (h + (c - nu)) * (z / (4.0 * c * nu));
+  return (h + (c - nu)) / (q + z);
+}
+
 // Theorem 5 (nu >= 1/2): B_2 < R < B_0.  Theorem 4 (nu >= 0):
 //   z / (nu - 1/2 + sqrt((nu+1/2)^2 + z^2)) < R < z / (nu - 1 + sqrt((nu+1)^2 + z^2)).
 // At z = 0 both bounds are 0, at z = inf both are 1; outside the theorem's domain NaN.
@@ -355,8 +370,8 @@ VMF_INLINE void iv_ratio_bounds(double nu, double z, int theorem, double* lower,
     *lower = segura_b(nu, z, 2.0);
     *upper = segura_b(nu, z, 0.0);
   } else {
-    *lower = z / ((nu - 0.5) + ::hypot(nu + 0.5, z));
-    *upper = z / ((nu - 1.0) + ::hypot(nu + 1.0, z));
+    *lower = theorem4_b(nu, z, 0.5);
+    *upper = theorem4_b(nu, z, 1.0);
   }
 }
 
