@@ -1,4 +1,5 @@
 """pytest configuration: ``--slow`` option, RNG state restored after every test."""
+import os
 import random
 
 import numpy as np
@@ -6,8 +7,21 @@ import pytest
 import torch
 
 
+# hypothesis examples per property test in tests/test_special.py under --slow (unless
+# VMFDIST_HYPOTHESIS_EXAMPLES is set); the default there (120) keeps that file to well
+# under 3 minutes on one core, this takes about 4
+SLOW_HYPOTHESIS_EXAMPLES = "1500"
+
+
 def pytest_addoption(parser):
     parser.addoption("--slow", action="store_true", default=False, help="also run tests marked slow")
+
+
+def pytest_configure(config):
+    """``--slow`` also raises the number of hypothesis examples (test modules read
+    VMFDIST_HYPOTHESIS_EXAMPLES at import, which happens after this hook)."""
+    if config.getoption("--slow"):
+        os.environ.setdefault("VMFDIST_HYPOTHESIS_EXAMPLES", SLOW_HYPOTHESIS_EXAMPLES)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -130,23 +130,54 @@ torch.library.register_autograd("vmfdist::log_bessel_iv_grad", _log_iv_grad_back
 # The papers' bounds and approximations are closed forms; their z-derivatives are
 # written with differentiable torch ops, so higher derivatives follow by autograd.
 def _segura_b_dz(nu, z, alpha):
-    """d/dz of B_alpha(nu, z) = z / (delta + sqrt(delta^2 + z^2)) (theorem 5)."""
+    """d/dz of B_alpha(nu, z) = z / (delta + s) (theorem 5), s = sqrt(delta^2 + z^2).
+
+    Differentiating directly gives ((delta + s) - z (delta' + (delta delta' + z)/s)) / (delta + s)^2,
+    whose numerator cancels for z >> nu (100% error by z = 1e8).  It simplifies to
+    (delta + s)(delta - z delta')/s, so dB/dz = (delta - z delta') / (s (delta + s)) with
+    -z delta' = (lambda / (2h)) (z/h)^2, h = hypot(lambda, z): every term >= 0 for nu >= 1/2."""
     lam = nu + 0.5 * (alpha - 1.0)
     h = torch.hypot(lam, z)
-    safe_h = torch.where(h > 0, h, torch.ones_like(h))
-    delta = (nu - 0.5) + torch.where(h > 0, lam / (2.0 * safe_h), torch.zeros_like(h))
-    ddelta = torch.where(h > 0, -lam * z / (2.0 * safe_h**3), torch.zeros_like(h))
+    pos = h > 0
+    safe_h = torch.where(pos, h, torch.ones_like(h))
+    half = torch.where(pos, lam / (2.0 * safe_h), torch.zeros_like(h))  # lambda / (2h)
+    delta = (nu - 0.5) + half
+    r = z / safe_h
+    num = delta + half * r * r  # delta - z delta'
     s = torch.hypot(delta, z)
-    d = delta + s
-    dd_ = ddelta + (delta * ddelta + z) / s
-    return (d - z * dd_) / (d * d)
+    return num / s / (delta + s)
 
 
-def _thm4_dz(nu, z, a_shift, b_shift):
-    """d/dz of z / (nu + a_shift + sqrt((nu + b_shift)^2 + z^2)) (theorem 4)."""
-    h = torch.hypot(nu + b_shift, z)
-    d = (nu + a_shift) + h
-    return (d - z * z / h) / (d * d)
+def _thm4_dz(nu, z, c):
+    """d/dz of B = z / ((nu - c) + sqrt((nu + c)^2 + z^2)) (theorem 4, c = 1/2 or 1), without
+    cancellation: for nu >= c, dB/dz = ((nu - c) + (nu + c)^2 / h) / d^2 (h = hypot(nu + c, z),
+    d = nu - c + h; the numerator was d - z^2/h, which cancels for z >> nu); for nu < c, as in
+    bessel.h, B = N / (q + z) with N = h + c - nu, q = 4 c nu / z, so
+    dB/dz = (z/h - B + (B/z) q) / (q + z), and N / (4 c nu) where q overflows (z -> 0).  That
+    form cancels for large z (B -> 1), where the first is fine again: it is used for z < 1 only.
+    Each branch sees harmless inputs where it is not selected (so double backward has no NaN)."""
+    small = (nu < c) & (z < 1.0)
+    one = torch.ones_like(z)
+    # nu >= c
+    nu_d = torch.where(small, torch.full_like(nu, c), nu)
+    h_d = torch.hypot(nu_d + c, z)
+    d = (nu_d - c) + h_d
+    direct = ((nu_d - c) + (nu_d + c) ** 2 / h_d) / d / d
+    # nu < c
+    nu_s = torch.where(small, nu, torch.zeros_like(nu))
+    z_s = torch.where(small, z, one)
+    q = 4.0 * c * nu_s / z_s
+    q_inf = torch.isinf(q)
+    z_s = torch.where(q_inf, one, z_s)
+    q_s = torch.where(q_inf, torch.zeros_like(q), q)
+    h_s = torch.hypot(nu_s + c, z_s)
+    n_s = h_s + (c - nu_s)
+    b_s = n_s / (q_s + z_s)
+    third = torch.where(q_s > 0, (b_s / z_s) * q_s, torch.zeros_like(q_s))
+    rational = (z_s / h_s - b_s + third) / (q_s + z_s)
+    nu_l = torch.where(q_inf, nu_s, torch.ones_like(nu_s))
+    limit = (torch.hypot(nu_l + c, z) + (c - nu_l)) / (4.0 * c * nu_l)
+    return torch.where(small, torch.where(q_inf, limit, rational), direct)
 
 
 def _bounds_setup(ctx, inputs, output):
@@ -160,10 +191,13 @@ def _bounds_backward(ctx, grad_lo, grad_hi):
     if ctx.theorem == 5:
         d_lo, d_hi = _segura_b_dz(nu, z, 2.0), _segura_b_dz(nu, z, 0.0)
     else:
-        d_lo, d_hi = _thm4_dz(nu, z, -0.5, 0.5), _thm4_dz(nu, z, -1.0, 1.0)
-    g = torch.zeros_like(z) if grad_lo is None else grad_lo * d_lo
-    if grad_hi is not None:
-        g = g + grad_hi * d_hi
+        d_lo, d_hi = _thm4_dz(nu, z, 0.5), _thm4_dz(nu, z, 1.0)
+    # an output that does not reach the loss gets zero incoming gradient: let it contribute 0 even
+    # where its derivative overflows (nu = 0, z -> 0), not 0 * inf = NaN
+    g = torch.zeros_like(z)
+    for grad, d in ((grad_lo, d_lo), (grad_hi, d_hi)):
+        if grad is not None:
+            g = g + torch.where(grad == 0, torch.zeros_like(d), grad * d)
     return None, _sum_to(g, z), None
 
 
