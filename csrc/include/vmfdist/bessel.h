@@ -87,7 +87,7 @@ constexpr int kMaxFractionTerms = 20000;
 constexpr double kHugeZ = 0x1p1000;  // above this the ratio functions use their leading asymptotics
 
 // ---------------------------------------------------------------------------
-// Perron's continued fraction for order mu >= 1/2 at 0 < z < inf.
+// Perron's continued fraction for order mu >= 1/2 at 0 < z <= kHugeZ.
 //   f_mu(z) = z C_mu / R_mu = 2mu + sum_{k>=1} t_k,  all t_k < 0.
 // Returned split as f = head + rest, where head = 2mu + t_1 (formed without
 // cancellation) and rest = sum_{k>=2} t_k, and also m = (mu - 1) - f =
@@ -99,33 +99,69 @@ struct Fraction {
   VMF_HD T f() const { return head + rest; }
 };
 
+// x * y + w: one rounding for double (the hardware fma), the type's own operations otherwise.
+VMF_INLINE double mul_add(double x, double y, double w) { return ::fma(x, y, w); }
+template <class T>
+VMF_INLINE T mul_add(T x, T y, T w) { return x * y + w; }
+
+// The terms t_k come from the Wallis denominators of the fraction,
+//   B_0 = 1, B_1 = b_1, B_k = b_k B_{k-1} + a_k B_{k-2}   (a_k = -c_k z, c_k = 2mu+2k-1),
+// and the determinant identity  t_k = A_k/B_k - A_{k-1}/B_{k-1} = D_k / (B_k B_{k-1}),
+// D_1 = a_1, D_k = -a_k D_{k-1}.  This is the same series as the forward series
+// algorithm (t_k = t_{k-1}(g_k - 1) with g_k = b_k B_{k-1}/B_k), with the same error
+// behaviour -- each t_k is a product of O(k) rounded factors, and the same-signed
+// terms shrink geometrically, so the early terms set the error -- but the loop-carried
+// dependency is one fma per term instead of a division: the divisions t_k need are
+// off the critical path, and shared by two terms,
+//   t_k + t_{k+1} = (D_k B_{k+1} + D_{k+1} B_{k-1}) / (B_{k-1} B_k B_{k+1})
+// (a sum of two same-signed products: no cancellation).
+// Scaling: everything is multiplied by powers of sigma = 2^-e ~ 1/b_1 (exact), so that
+// b_k sigma is in [1, 2) at first: B_k sigma^k, D_k sigma^(2k-1), a_k sigma^2.  The
+// t_k are unchanged.  B_k sigma^k changes by a factor between b_k sigma / 2 and b_k sigma
+// per term (the factor g_k = b_k B_{k-1}/B_k lies in [1, 2] for this fraction), so it
+// stays far from overflow for the few dozen terms needed; a guard rescales anyway.
 template <class T, class M = double>
 VMF_INLINE Fraction<T> perron(M mu, T z) {
   const double tol = tolerance<T>();
   const T two_mu = T(mu * 2.0);
-  // b_1 = 2(mu + z) + 1, t_1 = -(2mu+1) z / b_1.
-  T b_prev = (two_mu + z * 2.0) + 1.0;
-  T t = -(two_mu + 1.0) * z / b_prev;
-  // head = 2mu + t_1 = (2mu(2mu+1) + (2mu-1) z) / (2mu + 2z + 1): all terms >= 0 for mu >= 1/2.
-  T head;
-  if (lead(z) <= 1.0) {
-    head = (two_mu * (two_mu + 1.0) + (two_mu - 1.0) * z) / b_prev;
-  } else {  // divide through by z so that nothing overflows for z near DBL_MAX
-    T iz = 1.0 / z;
-    head = (two_mu * (two_mu + 1.0) * iz + (two_mu - 1.0)) / ((two_mu + 1.0) * iz + 2.0);
-  }
+  const T b1 = (two_mu + z * 2.0) + 1.0;  // b_1 = 2(mu + z) + 1
+  const double sigma = dd::pow2_recip(lead(b1));
+  const T zs = z * sigma;                 // z sigma
+  T beta = b1 * sigma;                    // b_k sigma, in [1, 2) for k = 1
+  T gamma = (two_mu + 1.0) * sigma;       // c_k sigma
+  // head = 2mu + t_1 = (2mu(2mu+1) + (2mu-1) z) / b_1 = (mu - 1/2) + (2mu+1)^2 / (2 b_1):
+  // two non-negative terms for mu >= 1/2 (the first exact for mu < 2^52), so head has
+  // the relative error of the second, about 2 roundings.  sigma keeps c_1^2 in range.
+  T head = (T(mu) - 0.5) + ((two_mu + 1.0) * 0.5) * gamma / beta;
   T rest = T(0.0);
-  T g = T(1.0);
-  for (int k = 2; k < kMaxFractionTerms; ++k) {
-    T b_k = b_prev + 1.0;
-    // rho_k = a_k / (b_{k-1} b_k), arranged to avoid overflow.
-    T c_k = two_mu + static_cast<double>(2 * k - 1);
-    T q = -((c_k / b_prev) * (z / b_k)) * g;  // rho_k g_{k-1}, negative
-    g = 1.0 / (q + 1.0);
-    t = t * (-q) * g;  // t_k = t_{k-1} (g_k - 1) = t_{k-1} (-rho_k g_{k-1}) g_k
-    rest = rest + t;
-    b_prev = b_k;
-    if (negligible(t, head + rest, tol)) break;
+  T B_prev = T(1.0);        // B_0
+  T B = beta;               // B_1 sigma
+  T D = -(gamma * z);       // D_1 sigma = a_1 sigma = -(c_1 sigma) z
+  for (int k = 2; k < kMaxFractionTerms; k += 2) {
+    // terms k and k + 1
+    beta = beta + sigma;
+    gamma = gamma + 2.0 * sigma;
+    T alpha = -(gamma * zs);  // a_k sigma^2 < 0
+    T B1 = mul_add(beta, B, alpha * B_prev);
+    T D1 = -(alpha * D);
+    beta = beta + sigma;
+    gamma = gamma + 2.0 * sigma;
+    alpha = -(gamma * zs);
+    T B2 = mul_add(beta, B1, alpha * B);
+    T D2 = -(alpha * D1);
+    T pair = (D1 * B2 + D2 * B) / ((B * B1) * B2);  // t_k + t_{k+1}
+    rest = rest + pair;
+    if (negligible(pair, head + rest, tol)) break;
+    B_prev = B1;
+    B = B2;
+    D = D2;
+    // Keep B (and D ~ t B^2) in range: B^3 above must not overflow or underflow.
+    if (!(lead(B) < 0x1p200 && lead(B) > 0x1p-200)) {
+      double s = lead(B) > 1.0 ? 0x1p-400 : 0x1p400;
+      B_prev = B_prev * s;
+      B = B * s;
+      D = D * (s * s);
+    }
   }
   return Fraction<T>{head, rest};
 }

@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #include "vmfdist/macros.h"
 
@@ -22,6 +24,32 @@ struct DD {
 };
 
 namespace dd {
+
+// The IEEE bit pattern of a double and back (exponent tricks without frexp/ldexp calls).
+VMF_INLINE uint64_t bits(double x) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<uint64_t>(__double_as_longlong(x));
+#else
+  uint64_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+#endif
+}
+VMF_INLINE double from_bits(uint64_t b) {
+#if defined(__CUDA_ARCH__)
+  return __longlong_as_double(static_cast<long long>(b));
+#else
+  double x;
+  std::memcpy(&x, &b, sizeof x);
+  return x;
+#endif
+}
+
+// 2^-e for the binary exponent e of a normal x > 0 (x in [2^e, 2^(e+1))), so that
+// x * pow2_recip(x) lies in [1, 2).  Exact; needs 2^-e normal, i.e. x < 2^1022.
+VMF_INLINE double pow2_recip(double x) {
+  return from_bits((uint64_t{2046} << 52) - (bits(x) & (uint64_t{0x7ff} << 52)));
+}
 
 VMF_INLINE DD two_sum(double a, double b) {
   double s = a + b;
