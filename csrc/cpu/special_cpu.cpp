@@ -14,6 +14,36 @@ namespace {
 // The Bessel kernels cost 0.1-10 us an element: small grains parallelise well.
 constexpr int64_t kGrain = 512;
 
+template <class scalar_t, class Fn>
+inline void elementwise(const scalar_t* pn, const scalar_t* pz, scalar_t* po, int64_t begin, int64_t end,
+                        const Fn& fn) {
+  for (int64_t i = begin; i < end; ++i) {
+    po[i] = static_cast<scalar_t>(fn(static_cast<double>(pn[i]), static_cast<double>(pz[i])));
+  }
+}
+
+// The double-double arithmetic in bessel.h and dd.h (error-free products) and the
+// Perron recurrence call fma().  The extension is built for baseline x86-64, where
+// fma() is a call into libm -- with every live xmm register spilled around it -- and
+// that call dominated the cost of the Bessel kernels.  On x86 the loop is therefore
+// compiled a second time for CPUs with the FMA instruction set: target("fma") lets the
+// compiler emit vfmadd for fma(), and flatten inlines the whole scalar math into that
+// copy (so no out-of-line function is compiled with FMA, and the baseline copy is
+// untouched).  The results are identical: fma() is correctly rounded either way, and
+// -ffp-contract=off still forbids contracting anything else.  Chosen at run time.
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#define VMFDIST_FMA_DISPATCH 1
+template <class scalar_t, class Fn>
+__attribute__((target("fma"), flatten)) void elementwise_fma(const scalar_t* pn, const scalar_t* pz, scalar_t* po,
+                                                            int64_t begin, int64_t end, const Fn& fn) {
+  elementwise(pn, pz, po, begin, end, fn);
+}
+inline bool cpu_has_fma() {
+  static const bool has = __builtin_cpu_supports("fma");
+  return has;
+}
+#endif
+
 template <class Fn>
 at::Tensor unary_out_cpu(const at::Tensor& nu_in, const at::Tensor& z_in, const char* op, Fn fn) {
   auto [nu, z] = prepare_binary(nu_in, z_in, op);
@@ -24,9 +54,13 @@ at::Tensor unary_out_cpu(const at::Tensor& nu_in, const at::Tensor& z_in, const 
     const scalar_t* pz = z.const_data_ptr<scalar_t>();
     scalar_t* po = out.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        po[i] = static_cast<scalar_t>(fn(static_cast<double>(pn[i]), static_cast<double>(pz[i])));
+#ifdef VMFDIST_FMA_DISPATCH
+      if (cpu_has_fma()) {
+        elementwise_fma(pn, pz, po, begin, end, fn);
+        return;
       }
+#endif
+      elementwise(pn, pz, po, begin, end, fn);
     });
   });
   return out;

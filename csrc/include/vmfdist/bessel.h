@@ -87,7 +87,7 @@ constexpr int kMaxFractionTerms = 20000;
 constexpr double kHugeZ = 0x1p1000;  // above this the ratio functions use their leading asymptotics
 
 // ---------------------------------------------------------------------------
-// Perron's continued fraction for order mu >= 1/2 at 0 < z < inf.
+// Perron's continued fraction for order mu >= 1/2 at 0 < z <= kHugeZ.
 //   f_mu(z) = z C_mu / R_mu = 2mu + sum_{k>=1} t_k,  all t_k < 0.
 // Returned split as f = head + rest, where head = 2mu + t_1 (formed without
 // cancellation) and rest = sum_{k>=2} t_k, and also m = (mu - 1) - f =
@@ -99,39 +99,90 @@ struct Fraction {
   VMF_HD T f() const { return head + rest; }
 };
 
+// x * y + w: one rounding for double (the hardware fma), the type's own operations otherwise.
+VMF_INLINE double mul_add(double x, double y, double w) { return ::fma(x, y, w); }
+template <class T>
+VMF_INLINE T mul_add(T x, T y, T w) { return x * y + w; }
+
+// The terms t_k come from the Wallis denominators of the fraction,
+//   B_0 = 1, B_1 = b_1, B_k = b_k B_{k-1} + a_k B_{k-2}   (a_k = -c_k z, c_k = 2mu+2k-1),
+// and the determinant identity  t_k = A_k/B_k - A_{k-1}/B_{k-1} = D_k / (B_k B_{k-1}),
+// D_1 = a_1, D_k = -a_k D_{k-1}.  Two consecutive terms combine, since
+// B_{k+1} - a_{k+1} B_{k-1} = b_{k+1} B_k, into
+//   t_k + t_{k+1} = D_k b_{k+1} / (B_{k-1} B_{k+1}),
+// a product of rounded factors with no addition at all.  This is the series of the
+// forward series algorithm (t_k = t_{k-1}(g_k - 1), g_k = b_k B_{k-1}/B_k) with the same
+// error behaviour -- each term carries a relative error of O(k) roundings, and the
+// same-signed terms shrink geometrically, so the first few set the error of the sum --
+// but the loop-carried dependency is one fma per term instead of a division, and one
+// division serves two terms, off the critical path.  (Perron's fraction converges
+// geometrically: about 22 terms for z ~ nu at large nu, up to ~60 for nu near 1.)
+// The loop takes four terms per iteration and tests convergence on the last pair
+// without dividing (|num| <= tol f den), so that the branch that ends it -- mispredicted
+// once per call -- does not wait for a division.
+// Scaling: everything is multiplied by powers of sigma = 2^-e ~ 1/b_1 (exact), so that
+// b_k sigma is in [1, 2) at first: B_k sigma^k, D_k sigma^(2k-1), a_k sigma^2.  The
+// t_k are unchanged.  B_k sigma^k changes by a factor between b_k sigma / 2 and b_k sigma
+// per term (g_k lies in [1, 2] for this fraction), so it stays far from overflow for the
+// few dozen terms needed; a guard rescales anyway.
 template <class T, class M = double>
 VMF_INLINE Fraction<T> perron(M mu, T z) {
   const double tol = tolerance<T>();
-  const T two_mu = T(mu * 2.0);
-  // b_1 = 2(mu + z) + 1, t_1 = -(2mu+1) z / b_1.
-  T b_prev = (two_mu + z * 2.0) + 1.0;
-  T t = -(two_mu + 1.0) * z / b_prev;
+  const T c1 = T(mu * 2.0) + 1.0;   // c_1 = 2mu + 1
+  const T b1 = c1 + z * 2.0;        // b_1 = 2(mu + z) + 1
+  const double sigma = dd::pow2_recip(lead(b1));
+  const T zs = z * sigma;           // z sigma
+  T beta = b1 * sigma;              // b_k sigma, in [1, 2) for k = 1
+  T gamma = c1 * sigma;             // c_k sigma
   T head;
   if (lead(z) <= lead(mu)) {
-    // |t_1| <= head / 2 here (mu >= 1/2), so the plain sum is accurate: its error is
-    // about half an ulp plus a fraction of t_1's, against about 2 ulp for the folded
-    // quotient below (which made R 4.09 ulp off at nu = 66957.9142664298, z = 30.599215019053574).
-    head = two_mu + t;
-  } else if (lead(z) <= 1.0) {
-    // head = 2mu + t_1 = (2mu(2mu+1) + (2mu-1) z) / (2mu + 2z + 1): all terms >= 0 for mu >= 1/2,
-    // where 2mu + t_1 would cancel (z >> mu: head -> mu - 1/2).
-    head = (two_mu * (two_mu + 1.0) + (two_mu - 1.0) * z) / b_prev;
-  } else {  // divide through by z so that nothing overflows for z near DBL_MAX
-    T iz = 1.0 / z;
-    head = (two_mu * (two_mu + 1.0) * iz + (two_mu - 1.0)) / ((two_mu + 1.0) * iz + 2.0);
+    // t_1 = -c_1 z / b_1 and |t_1| <= 2mu / 2 here (mu >= 1/2), so the plain sum 2mu + t_1 is
+    // accurate: about half an ulp plus a fraction of t_1's error, against ~1.5 ulp for the
+    // folded form below (which made R 4.09 ulp off at nu = 66957.9142664298, z = 30.599215019053574).
+    head = T(mu * 2.0) - gamma * z / beta;
+  } else {
+    // head = 2mu + t_1 = (2mu(2mu+1) + (2mu-1) z) / b_1 = (mu - 1/2) + (mu + 1/2) c_1 / b_1:
+    // two non-negative terms for mu >= 1/2 (mu -+ 1/2 exact unless a binade is crossed),
+    // where 2mu + t_1 would cancel (z >> mu: head -> mu - 1/2); b_1 is formed from the
+    // same rounded c_1, so that the rounding of c_1 cancels in c_1 / b_1.  Nothing
+    // overflows: c_1 / b_1 <= 1 and z <= kHugeZ.
+    head = (T(mu) - 0.5) + (T(mu) + 0.5) * gamma / beta;
   }
   T rest = T(0.0);
-  T g = T(1.0);
-  for (int k = 2; k < kMaxFractionTerms; ++k) {
-    T b_k = b_prev + 1.0;
-    // rho_k = a_k / (b_{k-1} b_k), arranged to avoid overflow.
-    T c_k = two_mu + static_cast<double>(2 * k - 1);
-    T q = -((c_k / b_prev) * (z / b_k)) * g;  // rho_k g_{k-1}, negative
-    g = 1.0 / (q + 1.0);
-    t = t * (-q) * g;  // t_k = t_{k-1} (g_k - 1) = t_{k-1} (-rho_k g_{k-1}) g_k
-    rest = rest + t;
-    b_prev = b_k;
-    if (negligible(t, head + rest, tol)) break;
+  T B_prev = T(1.0);   // B_0
+  T B = beta;          // B_1 sigma
+  T D = -(gamma * z);  // D_1 sigma = a_1 sigma = -(c_1 sigma) z
+  const double sigma2 = 2.0 * sigma;
+  for (int k = 2; k < kMaxFractionTerms; k += 4) {
+    // terms k .. k+3; on entry B_prev = B_{k-2}, B = B_{k-1}, D = D_{k-1} (all scaled)
+    const T beta1 = beta + sigma, beta2 = beta + sigma2;
+    const T beta3 = beta2 + sigma, beta4 = beta2 + sigma2;
+    const T gamma1 = gamma + sigma2, gamma2 = gamma1 + sigma2;
+    const T gamma3 = gamma2 + sigma2, gamma4 = gamma3 + sigma2;
+    beta = beta4;
+    gamma = gamma4;
+    const T alpha1 = -(gamma1 * zs), alpha2 = -(gamma2 * zs);  // a_k sigma^2 < 0, ...
+    const T alpha3 = -(gamma3 * zs), alpha4 = -(gamma4 * zs);
+    const T B1 = mul_add(beta1, B, alpha1 * B_prev);  // B_k
+    const T B2 = mul_add(beta2, B1, alpha2 * B);      // B_{k+1}
+    const T B3 = mul_add(beta3, B2, alpha3 * B1);     // B_{k+2}
+    const T B4 = mul_add(beta4, B3, alpha4 * B2);     // B_{k+3}
+    const T D1 = -(alpha1 * D);                        // D_k
+    const T D3 = (alpha2 * alpha3) * D1;               // D_{k+2}
+    const T num2 = D3 * beta4, den2 = B2 * B4;         // t_{k+2} + t_{k+3} = num2 / den2
+    const bool done = negligible(num2, (head + rest) * den2, tol);
+    rest = rest + ((D1 * beta2) / (B * B2) + num2 / den2);
+    if (done) break;
+    D = -(alpha4 * D3);  // D_{k+3}
+    B_prev = B3;
+    B = B4;
+    // Keep B (and D ~ t B^2) in range, so that B^2 can neither overflow nor underflow.
+    if (!(lead(B) < 0x1p200 && lead(B) > 0x1p-200)) {
+      double s = lead(B) > 1.0 ? 0x1p-400 : 0x1p400;
+      B_prev = B_prev * s;
+      B = B * s;
+      D = D * (s * s);
+    }
   }
   return Fraction<T>{head, rest};
 }
@@ -227,12 +278,15 @@ VMF_INLINE double log_iv_grad(double nu, double z, bool scaled) {
 // ---------------------------------------------------------------------------
 // log I_nu(z) pieces, each returning a double-double.
 
-// log Gamma(x) for 1 <= x < 64, in double-double: shift up to y >= 25 and use Stirling.
+// log Gamma(x) for 1 <= x < 64, in double-double: shift up to y >= 13 and use Stirling.
+// The Stirling series is summed in double through the 1/(156 y^13) term; the first
+// omitted term, 3617/(122400 y^15), is below 2^-60 for y >= 13, and the rounding of the
+// double sum (|sum| < 1/(12 y)) below 2^-60 as well.
 VMF_INLINE DD lgamma_dd(DD x) {
   if (x.lo == 0.0 && (x.hi == 1.0 || x.hi == 2.0)) return DD(0.0);
   DD y = x;
   DD prod = DD(1.0);
-  while (y.hi < 25.0) {
+  while (y.hi < 13.0) {
     prod = prod * y;
     y = y + 1.0;
   }
@@ -246,14 +300,19 @@ VMF_INLINE DD lgamma_dd(DD x) {
 }
 
 // Power series: log I = nu log(z/2) - log Gamma(nu+1) + log sum_k (z^2/4)^k / (k! (nu+1)_k).
+// All terms are positive; each is carried in double-double (relative error O(k 2^-104))
+// and the sum stops once a term is below 2^-60 of it (the terms then fall faster than
+// geometrically, so the tail is smaller still): log s to far better than 2^-56.
 VMF_INLINE DD log_iv_series(double nu, double z) {
-  DD x = dd::two_prod(0.5 * z, 0.5 * z);
+  const DD x = dd::two_prod(0.5 * z, 0.5 * z);
   DD s = DD(1.0), t = DD(1.0);
   for (int k = 1; k < 2000; ++k) {
-    DD den = dd::two_sum(nu, static_cast<double>(k)) * static_cast<double>(k);
-    t = t * x / den;
-    s = s + t;
-    if (t.hi <= 0x1p-108 * s.hi) break;
+    const double dk = static_cast<double>(k);
+    t = t * dd::div(x, dd::two_sum(nu, dk) * dk);  // t_k = t_{k-1} x / ((nu + k) k)
+    DD u = dd::two_sum(s.hi, t.hi);                 // s + t, both positive
+    u.lo += s.lo + t.lo;
+    s = dd::quick_two_sum(u.hi, u.lo);
+    if (t.hi <= 0x1p-60 * s.hi) break;
   }
   DD log_half_z = dd::log(z) - DD(dd::kLn2Hi, dd::kLn2Lo);
   return log_half_z * nu - lgamma_dd(dd::two_sum(nu, 1.0)) + dd::log(s);
@@ -275,30 +334,69 @@ VMF_INLINE DD log_iv_hankel(double nu, double z, bool scaled) {
 }
 
 // Olver's uniform asymptotic expansion (see kOlverMinOrder for where it is used):
-//   log I_nu(z) = A + nu log(z / (nu + A)) - log(2 pi A)/2 + log sum_k u_k(p)/nu^k,
-// with A = sqrt(nu^2 + z^2), p = nu / A.  For scaled, A - z = nu^2 / (A + z).
+//   log I_nu(z) = A - nu L - log(2 pi A)/2 + log1p(s),
+//   A = sqrt(nu^2 + z^2),  L = log((nu + A) / z) = arsinh(nu / z),  s = sum_{k>=1} u_k(p)/nu^k,
+// with p = nu / A.  For scaled, A - z = nu^2 / (A + z).
+// Precision: A and nu L are both of size ~nu and cancel near the turning point
+// z ~ 0.66 nu (docs/special.md), so A, L and their difference are carried in
+// double-double: the squares and sqrt exactly up to 2^-104, L by one double-double
+// division and dd::log (error < 2^-88 absolute, i.e. < 2^-68 after multiplying by
+// nu <= 2^20, far below the 2^-52 |log I| budget).  log(2 pi A)/2 (|.| up to ~350) is
+// taken in double-double as well, since near log I ~ 0 its rounding would show.  Only
+// s = O(1/nu) is summed in double: an absolute error of a few 2^-53 |s| <= 2^-59.
 VMF_INLINE DD log_iv_olver(double nu, double z, bool scaled) {
-  int e;
-  ::frexp(nu > z ? nu : z, &e);
-  double nus = ::ldexp(nu, -e), zs = ::ldexp(z, -e);
-  DD as = dd::sqrt(dd::two_prod(nus, nus) + dd::two_prod(zs, zs));  // A 2^-e, in [1, sqrt 2]
-  DD a = dd::ldexp(as, e);
-  DD log_q = (z > 1e-280) ? dd::log(DD(z) / (a + nu)) : dd::log(z) - dd::log(a + nu);
-  DD half_log = (dd::log(a) + DD(dd::kLog2PiHi, dd::kLog2PiLo)) * 0.5;
-  // sum_{k>=1} u_k(p) / nu^k, stopping once max|u_k| / nu^k is far below 2^-53.
-  double p = nu / a.hi, p2 = p * p, inv = 1.0 / nu;
-  double pk = 1.0, ik = 1.0, s = 0.0;
-  for (int k = 1; k <= olver::kTerms; ++k) {
-    ik *= inv;
-    if (olver::kMaxAbsU[k] * ik < 0x1p-62) break;
-    pk *= p * inv;
-    double poly = olver::kU[k][k];
-    for (int j = k - 1; j >= 0; --j) poly = poly * p2 + olver::kU[k][j];
-    s += pk * poly;
+  // The squares must not overflow: rescale by an exact power of two when needed.
+  double nus = nu, zs = z, unscale = 1.0;
+  if (!(nu < 0x1p500 && z < 0x1p500)) {
+    nus *= 0x1p-600;
+    zs *= 0x1p-600;
+    unscale = 0x1p600;
   }
-  // nu^2 / (A + z) = nu (nu 2^-e) / ((A + z) 2^-e): A + z itself overflows for z near DBL_MAX.
-  DD lead_term = scaled ? (DD(nu) / (as + zs)) * nus : a;
-  return lead_term + log_q * nu - half_log + ::log1p(s);
+  const DD a = dd::sqrt(dd::two_prod(nus, nus) + dd::two_prod(zs, zs)) * unscale;
+  const DD an = a + nu;
+  // L = log(an / z); the quotient only when it is far from overflow (an / z >= 1 always).
+  const DD L = (z > an.hi * 0x1p-1000) ? dd::log(dd::div(an, z)) : dd::log(an) - dd::log(z);
+  // s = sum_k u_k(p) / nu^k = sum_k y^k P_k(p^2),  y = p / nu,  u_k(p) = p^k P_k(p^2),
+  // by Horner in y over the K terms for which max|u_k| / nu^k >= 2^-58 (the rest is
+  // below 2^-57 in all: an absolute error of s, and of log I, of at most 2^-57).
+  const double inv = 1.0 / nu, p = nu / a.hi, p2 = p * p, y = p * inv;
+  int K = 1;
+  for (double ik = inv * inv; K < olver::kTerms && olver::kMaxAbsU[K + 1] * ik >= 0x1p-58; ik *= inv) ++K;
+  double s = 0.0;
+  for (int k = K; k >= 1; --k) {
+    double poly = olver::kU[k][k];
+    for (int j = k - 1; j >= 0; --j) poly = ::fma(poly, p2, olver::kU[k][j]);
+    s = ::fma(s, y, poly);
+  }
+  s *= y;
+  // log1p(s) for |s| <= 0.0074 (nu >= 12: max|u_1| / 12 plus the rest), to 2^-62:
+  // s - s^2/2 + ... - s^10/10 (the next term is below 2^-72).
+  double l1 = -0.1;
+  l1 = ::fma(l1, s, 1.0 / 9.0);
+  l1 = ::fma(l1, s, -0.125);
+  l1 = ::fma(l1, s, 1.0 / 7.0);
+  l1 = ::fma(l1, s, -1.0 / 6.0);
+  l1 = ::fma(l1, s, 0.2);
+  l1 = ::fma(l1, s, -0.25);
+  l1 = ::fma(l1, s, 1.0 / 3.0);
+  l1 = ::fma(l1, s, -0.5);
+  const double log1p_s = ::fma(l1 * s, s, s);
+  // nu^2 / (A + z) = nu (nu/2) / (A/2 + z/2): A + z itself overflows for z near DBL_MAX
+  // (and a quotient by inf would give NaN in the double-double division).
+  const DD lead = scaled ? dd::div(DD(0.5 * nu), a * 0.5 + 0.5 * z) * nu : a;
+  const DD log_a = dd::log(a);
+  // Sum lead - nu L - (log a + log 2 pi)/2 + log1p(s).  The two cancellations (lead
+  // against nu L near the turning point, then against half_log where log I ~ 0) are
+  // taken by error-free two_sums of the leading parts; all the remainders are below
+  // 2^-52 times the larger part (or |log1p(s)| < 0.0075), so their plain-double sum
+  // adds at most ~2^-60 (absolute) before the single rounding to double.
+  const DD nu_L = dd::two_prod(L.hi, nu);
+  const DD h = dd::two_sum(log_a.hi, dd::kLog2PiHi);
+  const DD big = dd::two_sum(lead.hi, -nu_L.hi);
+  const DD r = dd::two_sum(big.hi, -0.5 * h.hi);
+  const double rest = ((r.lo + big.lo) + (lead.lo - (nu_L.lo + L.lo * nu))) -
+                      0.5 * ((h.lo + log_a.lo) + dd::kLog2PiLo) + log1p_s;
+  return DD(r.hi, rest);
 }
 
 // Olver's expansion is used for nu >= kOlverMinOrder everywhere, and for
