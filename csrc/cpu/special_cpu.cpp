@@ -1,5 +1,7 @@
 // CPU kernels for the Bessel special functions: at::parallel_for loops over the
 // host-device functors in vmfdist/special_ops.h.
+#include <algorithm>
+
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -78,9 +80,6 @@ at::Tensor log_bessel_iv_cpu(const at::Tensor& nu, const at::Tensor& z, bool sca
 at::Tensor log_bessel_iv_grad_cpu(const at::Tensor& nu, const at::Tensor& z, bool scaled) {
   return unary_out_cpu(nu, z, "log_bessel_iv_grad", LogIvGradFn{scaled});
 }
-at::Tensor bessel_iv_ratio_approx_cpu(const at::Tensor& nu, const at::Tensor& z) {
-  return unary_out_cpu(nu, z, "bessel_iv_ratio_approx", IvRatioApproxFn{});
-}
 at::Tensor log_bessel_iv_asymptotic_cpu(const at::Tensor& nu, const at::Tensor& z) {
   return unary_out_cpu(nu, z, "log_bessel_iv_asymptotic", LogIvAsymptoticFn{});
 }
@@ -88,28 +87,96 @@ at::Tensor log_bessel_iv_series_cpu(const at::Tensor& nu, const at::Tensor& z) {
   return unary_out_cpu(nu, z, "log_bessel_iv_series", LogIvRatioSeriesFn{});
 }
 
-std::tuple<at::Tensor, at::Tensor> bessel_iv_ratio_bounds_cpu(const at::Tensor& nu_in, const at::Tensor& z_in,
-                                                              int64_t theorem) {
-  TORCH_CHECK(theorem == 4 || theorem == 5, "bessel_iv_ratio_bounds: theorem must be 4 or 5, got ", theorem);
-  auto [nu, z] = prepare_binary(nu_in, z_in, "bessel_iv_ratio_bounds");
-  at::Tensor lo = at::empty_like(nu), hi = at::empty_like(nu);
-  const IvRatioBoundsFn fn{static_cast<int>(theorem)};
+// The bound kernels (and the approximation, their mean) cost a few divisions and square
+// roots an element, so a scalar loop around iv_ratio_bounds was bound by glibc's hypot
+// (~15 ns a call) -- slower than the eager torch composite.  Here each block of kBlock
+// elements first runs the branch-free iv_ratio_bounds_fast (a loop the compiler
+// vectorises; compiled a second time for AVX2 below), then redoes the rare elements
+// outside bounds_fast_range (NaN, out of domain, z = 0 or inf, extreme magnitudes) with
+// the general function.  Approx writes (lower + upper) / 2 into `lo` and ignores `hi`.
+template <int Theorem, bool Approx, class scalar_t>
+inline void bounds_loop(const scalar_t* pn, const scalar_t* pz, scalar_t* pl, scalar_t* ph, int64_t begin,
+                        int64_t end) {
+  constexpr int64_t kBlock = 256;
+  double lo[kBlock], hi[kBlock];
+  for (int64_t b = begin; b < end; b += kBlock) {
+    const int64_t m = std::min<int64_t>(kBlock, end - b);
+    const scalar_t* bn = pn + b;
+    const scalar_t* bz = pz + b;
+    int bad = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      const double nu = static_cast<double>(bn[i]), z = static_cast<double>(bz[i]);
+      bessel::iv_ratio_bounds_fast<Theorem>(nu, z, &lo[i], &hi[i]);
+      bad |= static_cast<int>(!bessel::bounds_fast_range<Theorem>(nu, z));
+    }
+    if (bad) {
+      for (int64_t i = 0; i < m; ++i) {
+        const double nu = static_cast<double>(bn[i]), z = static_cast<double>(bz[i]);
+        if (!bessel::bounds_fast_range<Theorem>(nu, z)) bessel::iv_ratio_bounds(nu, z, Theorem, &lo[i], &hi[i]);
+      }
+    }
+    if (Approx) {
+      for (int64_t i = 0; i < m; ++i) pl[b + i] = static_cast<scalar_t>(0.5 * (lo[i] + hi[i]));
+    } else {
+      for (int64_t i = 0; i < m; ++i) {
+        pl[b + i] = static_cast<scalar_t>(lo[i]);
+        ph[b + i] = static_cast<scalar_t>(hi[i]);
+      }
+    }
+  }
+}
+
+#ifdef VMFDIST_FMA_DISPATCH
+template <int Theorem, bool Approx, class scalar_t>
+__attribute__((target("avx2"), flatten)) void bounds_loop_avx2(const scalar_t* pn, const scalar_t* pz, scalar_t* pl,
+                                                             scalar_t* ph, int64_t begin, int64_t end) {
+  bounds_loop<Theorem, Approx>(pn, pz, pl, ph, begin, end);
+}
+inline bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+#endif
+
+// lo (and hi unless Approx) of the same shape as the prepared nu, z.
+template <int Theorem, bool Approx>
+void bounds_cpu(const at::Tensor& nu, const at::Tensor& z, at::Tensor& lo, at::Tensor& hi) {
   const int64_t n = nu.numel();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, nu.scalar_type(), "bessel_iv_ratio_bounds", [&] {
     const scalar_t* pn = nu.const_data_ptr<scalar_t>();
     const scalar_t* pz = z.const_data_ptr<scalar_t>();
     scalar_t* pl = lo.mutable_data_ptr<scalar_t>();
-    scalar_t* ph = hi.mutable_data_ptr<scalar_t>();
-    at::parallel_for(0, n, 4096, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        double l, h;
-        fn(static_cast<double>(pn[i]), static_cast<double>(pz[i]), &l, &h);
-        pl[i] = static_cast<scalar_t>(l);
-        ph[i] = static_cast<scalar_t>(h);
+    scalar_t* ph = Approx ? nullptr : hi.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, n, 16384, [&](int64_t begin, int64_t end) {
+#ifdef VMFDIST_FMA_DISPATCH
+      if (cpu_has_avx2()) {
+        bounds_loop_avx2<Theorem, Approx>(pn, pz, pl, ph, begin, end);
+        return;
       }
+#endif
+      bounds_loop<Theorem, Approx>(pn, pz, pl, ph, begin, end);
     });
   });
+}
+
+std::tuple<at::Tensor, at::Tensor> bessel_iv_ratio_bounds_cpu(const at::Tensor& nu_in, const at::Tensor& z_in,
+                                                              int64_t theorem) {
+  TORCH_CHECK(theorem == 4 || theorem == 5, "bessel_iv_ratio_bounds: theorem must be 4 or 5, got ", theorem);
+  auto [nu, z] = prepare_binary(nu_in, z_in, "bessel_iv_ratio_bounds");
+  at::Tensor lo = at::empty_like(nu), hi = at::empty_like(nu);
+  if (theorem == 5) {
+    bounds_cpu<5, false>(nu, z, lo, hi);
+  } else {
+    bounds_cpu<4, false>(nu, z, lo, hi);
+  }
   return {lo, hi};
+}
+
+at::Tensor bessel_iv_ratio_approx_cpu(const at::Tensor& nu_in, const at::Tensor& z_in) {
+  auto [nu, z] = prepare_binary(nu_in, z_in, "bessel_iv_ratio_approx");
+  at::Tensor out = at::empty_like(nu);
+  bounds_cpu<5, true>(nu, z, out, out);
+  return out;
 }
 
 }  // namespace
