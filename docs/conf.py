@@ -99,6 +99,11 @@ nitpick_ignore_regex = [
     ("py:(class|mod|func|data|obj)", r"torch(\..*)?"),
     ("py:(class|data|obj)", r"(vmfdist\.special\.)?TensorLike"),
     ("py:class", r"numbers\.Number"),
+    # bare "Tensor" from torch's own annotations, and the property machinery of
+    # torch.distributions (``support`` is a dependent property) that autodoc lists
+    ("py:class", r"Tensor"),
+    ("py:class", r"collections\.abc\.Callable"),
+    ("py:class", r"_DependentProperty"),
 ]
 suppress_warnings = ["myst.header"]
 

@@ -65,7 +65,7 @@ class _Sphere(constraints.Constraint):
         return "Sphere()"
 
 
-#: The unit sphere (event dimension 1): the support of :class:`VonMisesFisher`.
+#: The support of :class:`VonMisesFisher`: unit vectors along the last dimension, so event dimension 1.
 sphere = _Sphere()
 #: ``loc`` of :class:`VonMisesFisher` must be a unit vector.
 unit_vector = sphere
