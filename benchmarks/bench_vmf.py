@@ -40,6 +40,8 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import torch
 
+from benchmarks import bench_special as _special_bench
+
 # (d, kappa): the three cases of issue #3 first, then the additional ones; run in order of d.
 CASES = [(16, 100.0), (256, 1e3), (4096, 1e4), (3, 10.0), (64, 10.0), (1000, 50.0)]
 TARGET_CASES = [(16, 100.0), (256, 1e3), (4096, 1e4)]
@@ -154,24 +156,9 @@ class SVAEVonMisesFisher:
 
 # --------------------------------------------------------------------------- peers
 
-_jax = _tfp = _jax_err = None
-
-
 def jax_modules():
-    """(jax, tfp) or (None, None); float64 enabled; CPU platform (same as bench_special)."""
-    global _jax, _tfp, _jax_err
-    if _jax is None and _jax_err is None:
-        try:
-            import jax
-
-            jax.config.update("jax_enable_x64", True)
-            jax.config.update("jax_platforms", "cpu" if not torch.cuda.is_available() else "cuda,cpu")
-            from tensorflow_probability.substrates import jax as tfp
-
-            _jax, _tfp = jax, tfp
-        except Exception as e:  # pragma: no cover - environment dependent
-            _jax_err = f"{type(e).__name__}: {e}"
-    return _jax, _tfp
+    """(jax, tfp) or (None, None); float64 enabled; CPU platform (shared with bench_special)."""
+    return _special_bench.jax_modules()
 
 
 def power_spherical_cls():
@@ -206,7 +193,7 @@ def versions() -> Dict[str, str]:
         v["tensorflow-probability"] = tensorflow_probability.__version__
         v["jax backend"] = jax.default_backend()
     else:
-        v["jax"] = f"unavailable ({_jax_err})"
+        v["jax"] = f"unavailable ({_special_bench._jax_err})"
     return v
 
 
