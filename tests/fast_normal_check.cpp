@@ -1,7 +1,9 @@
 // A torch-free driver for csrc/include/vmfdist/fast_normal.h, compiled and run by
 // tests/test_vmf.py: prints the normals [0, n) of stream (seed, offset, row) twice,
 // from the vectorised batch routine normals_f32 and from the scalar normal4_f32
-// (what the CUDA kernel calls), as hexadecimal floats.
+// (what the CUDA kernel calls), as hexadecimal floats.  With a fifth argument nrows,
+// the normals [0, n) of the streams row .. row + nrows - 1 from the multi-row routine
+// normals_f32_rows (short vMF rows), each next to normal4_f32's.
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -10,11 +12,26 @@
 #include "vmfdist/fast_normal.h"
 
 int main(int argc, char** argv) {
-  if (argc != 5) return 2;
+  if (argc != 5 && argc != 6) return 2;
   const uint64_t seed = std::strtoull(argv[1], nullptr, 10);
   const uint64_t offset = std::strtoull(argv[2], nullptr, 10);
   const uint64_t row = std::strtoull(argv[3], nullptr, 10);
   const int64_t n = std::strtoll(argv[4], nullptr, 10);
+  if (argc == 6) {
+    const int64_t nrows = std::strtoll(argv[5], nullptr, 10);
+    const uint32_t nb = static_cast<uint32_t>((n + 3) / 4);
+    const int64_t lanes = 4 * vmfdist::fastnorm::kLanes;
+    std::vector<float> rows(((4 * nb * nrows + lanes - 1) / lanes) * lanes);
+    vmfdist::fastnorm::normals_f32_rows(seed, offset, row, nrows, nb, rows.data());
+    for (int64_t r = 0; r < nrows; ++r) {
+      for (int64_t i = 0; i < n; i += 4) {
+        float z[4];
+        vmfdist::fastnorm::normal4_f32(seed, offset, row + r, static_cast<uint32_t>(i / 4), z);
+        for (int64_t k = 0; k < 4 && i + k < n; ++k) std::printf("%a %a\n", rows[4 * nb * r + i + k], z[k]);
+      }
+    }
+    return 0;
+  }
   std::vector<float> batch(n);
   vmfdist::fastnorm::normals_f32(seed, offset, row, 0, n, batch.data());
   for (int64_t i = 0; i < n; i += 4) {

@@ -572,6 +572,23 @@ def test_fast_normals(fast_normal_driver, seed, offset, row, n):
     assert np.all(err <= 4 * np.finfo(np.float32).eps * np.maximum(1.0, np.abs(exact[:n]))), err.max()
 
 
+@pytest.mark.parametrize("seed,offset,row,n,nrows", [(5, 1, 0, 15, 16), (7, 3, 2 ** 32 - 5, 1, 13),
+                                                     (2 ** 64 - 1, 2 ** 48 - 1, 2 ** 48 - 3, 6, 7),
+                                                     (11, 2, 100, 16, 3)])
+def test_fast_normals_multi_row(fast_normal_driver, seed, offset, row, n, nrows):
+    """The routine that fills short vMF rows several at a time (their blocks share the vector
+    lanes, rows crossing a 2^32 boundary of the stream index included) gives each row the
+    bits of the scalar per-row routine."""
+    import subprocess
+
+    out = subprocess.run([fast_normal_driver, str(seed), str(offset), str(row), str(n), str(nrows)], check=True,
+                         capture_output=True, text=True).stdout.split("\n")
+    pairs = np.array([[float.fromhex(a) for a in line.split()] for line in out if line])
+    assert pairs.shape == (n * nrows, 2)
+    assert np.array_equal(pairs[:, 0], pairs[:, 1])
+    assert len(np.unique(pairs[:, 0])) == n * nrows  # distinct streams, not one row repeated
+
+
 def test_fast_normals_distribution():
     """float32 vMF rows at mu = e_1, kappa = 0 are uniform directions; their tangent coordinates,
     rescaled, are the normalised normals: check the normal law by a KS test on x_i sqrt(d) for d large."""

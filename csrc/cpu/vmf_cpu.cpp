@@ -6,7 +6,9 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <tuple>
 
 #include <type_traits>
@@ -53,17 +55,15 @@ VMF_TARGET_CLONES inline void row_rotate(scalar_t* x, const scalar_t* mu, int64_
   }
 }
 
-// One sample row: marginal, tangent normals written into x[1..d-1], then the
-// reflection applied in place.  mu is normalised on the fly (robust to loc that
-// is unit only to rounding).  The normals come from fast_normal.h (fill_normals:
-// the vectorised float Box-Muller for float32, the double one otherwise).
+// One sample row, its d - 1 tangent normals already in x[1..d-1]: the marginal from
+// the row's stream s (Wood's envelope p for this kappa precomputed), then the
+// reflection applied in place.  mu is normalised on the fly (robust to loc that is unit only to rounding).
 template <class scalar_t>
-void sample_row(const scalar_t* mu, double kappa, int64_t d, uint64_t seed, uint64_t offset, uint64_t row,
+void finish_row(const scalar_t* mu, double kappa, const vmf::Wood& p, int64_t d, philox::PhiloxStream& s,
                 scalar_t* x, scalar_t* omw_out) {
-  const vmf::Marginal m = vmf::sample_marginal(seed, offset, row, static_cast<double>(d), kappa);
+  const vmf::Marginal m = vmf::sample_marginal(s, static_cast<double>(d), kappa, p);
   const int64_t nt = d - 1;
   double ee = 0.0, me = 0.0, mm = 0.0;
-  fastnorm::fill_normals<scalar_t>(seed, offset + 1, row, 0, nt, x + 1);
   row_sums<scalar_t>(x + 1, mu + 1, nt, &ee, &me, &mm);
   mm += static_cast<double>(mu[0]) * static_cast<double>(mu[0]);
   const double inv_mu = 1.0 / std::sqrt(mm);
@@ -75,6 +75,51 @@ void sample_row(const scalar_t* mu, double kappa, int64_t d, uint64_t seed, uint
   const double sy = r.sgn * scale;
   row_rotate<scalar_t>(x + 1, mu + 1, nt, sy, c);
   *omw_out = static_cast<scalar_t>(m.omw);
+}
+
+// Rows are processed kRowGroup at a time.  Float32 rows with at most kShortRow tangent
+// normals draw them for the whole group at once (normals_f32_rows: the blocks of several
+// rows share the vector lanes); longer rows, and other dtypes, row by row through
+// fill_normals.  The values are the same either way.  (Computing the first Philox
+// blocks of the marginal streams in lanes as well was measured slower: the scalar
+// blocks overlap with the marginal's libm calls.)
+constexpr int64_t kRowGroup = 16;
+constexpr int64_t kShortRow = 16;
+
+// Rows [begin, end): the tangent normals of each row from the stream (seed, offset + 1,
+// row) (fast_normal.h), then finish_row with the marginal from (seed, offset, row).
+// Wood's envelope is recomputed only when kappa changes from one row to the next.
+template <class scalar_t>
+void sample_rows(const scalar_t* pm, const scalar_t* pk, int64_t B, int64_t d, uint64_t seed, uint64_t offset,
+                 int64_t begin, int64_t end, scalar_t* px, scalar_t* po) {
+  const int64_t nt = d - 1;
+  const double dd = static_cast<double>(d);
+  double kappa_cached = NAN;
+  vmf::Wood wood{};
+  float buf[kRowGroup * kShortRow + 4 * fastnorm::kLanes];
+  const bool short_rows = std::is_same_v<scalar_t, float> && nt <= kShortRow;
+  const uint32_t nb = static_cast<uint32_t>((nt + 3) / 4);
+  for (int64_t g = begin; g < end; g += kRowGroup) {
+    const int64_t rows = std::min<int64_t>(kRowGroup, end - g);
+    if (short_rows) fastnorm::normals_f32_rows(seed, offset + 1, static_cast<uint64_t>(g), rows, nb, buf);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t row = g + r;
+      scalar_t* x = px + row * d;
+      if (short_rows) {
+        std::memcpy(x + 1, buf + 4 * nb * r, sizeof(float) * nt);  // scalar_t is float here
+      } else {
+        fastnorm::fill_normals<scalar_t>(seed, offset + 1, static_cast<uint64_t>(row), 0, nt, x + 1);
+      }
+      const int64_t b = row % B;
+      const double kappa = static_cast<double>(pk[b]);
+      if (!(kappa == kappa_cached) && d != 3) {  // NaN never equals: recomputed, harmless
+        wood = vmf::wood_setup(dd, kappa);
+        kappa_cached = kappa;
+      }
+      philox::PhiloxStream s(seed, offset, static_cast<uint64_t>(row));
+      finish_row<scalar_t>(pm + b * d, kappa, wood, d, s, x, po + row);
+    }
+  }
 }
 
 std::tuple<at::Tensor, at::Tensor> vmf_sample_cpu(const at::Tensor& loc_in, const at::Tensor& kappa_in,
@@ -93,11 +138,8 @@ std::tuple<at::Tensor, at::Tensor> vmf_sample_cpu(const at::Tensor& loc_in, cons
     scalar_t* px = x.mutable_data_ptr<scalar_t>();
     scalar_t* po = omw.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-      for (int64_t row = begin; row < end; ++row) {
-        const int64_t b = row % B;
-        sample_row<scalar_t>(pm + b * d, static_cast<double>(pk[b]), d, static_cast<uint64_t>(seed),
-                             static_cast<uint64_t>(offset), static_cast<uint64_t>(row), px + row * d, po + row);
-      }
+      sample_rows<scalar_t>(pm, pk, B, d, static_cast<uint64_t>(seed), static_cast<uint64_t>(offset), begin, end,
+                            px, po);
     });
   });
   return {x, omw};

@@ -132,12 +132,11 @@ VMF_INLINE Marginal sphere3_sample(philox::PhiloxStream& s, double kappa) {
   return out;
 }
 
-// The marginal of row `row` (stream (seed, offset, row)).  kappa = +inf (or so large
-// that b underflows) gives the point mass at w = 1.
-VMF_INLINE Marginal sample_marginal(uint64_t seed, uint64_t offset, uint64_t row, double d, double kappa) {
-  philox::PhiloxStream s(seed, offset, row);
+// The marginal of a row from its stream s = (seed, offset, row), with p =
+// wood_setup(d, kappa) (unused for d = 3): callers with many rows of one kappa compute it
+// once.  kappa = +inf (or so large that b underflows) gives the point mass at w = 1.
+VMF_INLINE Marginal sample_marginal(philox::PhiloxStream& s, double d, double kappa, const Wood& p) {
   if (d == 3.0) return sphere3_sample(s, kappa);
-  const Wood p = wood_setup(d, kappa);
   if (!(p.b > 0.0)) {
     Marginal out;
     out.w = 1.0;
@@ -146,6 +145,11 @@ VMF_INLINE Marginal sample_marginal(uint64_t seed, uint64_t offset, uint64_t row
     return out;
   }
   return wood_sample(s, p);
+}
+
+VMF_INLINE Marginal sample_marginal(uint64_t seed, uint64_t offset, uint64_t row, double d, double kappa) {
+  philox::PhiloxStream s(seed, offset, row);
+  return sample_marginal(s, d, kappa, wood_setup(d, kappa));
 }
 
 // The reflection Q(mu) with Q e_1 = mu for unit mu (mu_0 its first entry):
