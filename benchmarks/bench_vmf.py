@@ -171,29 +171,14 @@ def power_spherical_cls():
 
 
 def versions() -> Dict[str, str]:
-    import platform
-
-    import scipy
-
-    v = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
-         "scipy": scipy.__version__}
+    """bench_special's versions (python, torch, numpy, scipy, jax/TFP) plus power_spherical."""
+    v = _special_bench.versions()
     try:
         from importlib.metadata import version
 
         v["power_spherical"] = version("power_spherical")
     except Exception:
         v["power_spherical"] = "unavailable"
-    jax, _ = jax_modules()
-    if jax is not None:
-        import jaxlib
-        import tensorflow_probability
-
-        v["jax"] = jax.__version__
-        v["jaxlib"] = jaxlib.__version__
-        v["tensorflow-probability"] = tensorflow_probability.__version__
-        v["jax backend"] = jax.default_backend()
-    else:
-        v["jax"] = f"unavailable ({_special_bench._jax_err})"
     return v
 
 
