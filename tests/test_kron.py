@@ -219,6 +219,20 @@ def test_matvec_power_algebra():
     torch.testing.assert_close(h, y, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("power", [1.0, -1.0, 0.5, -0.5])
+def test_matvec_extreme_scales(power):
+    """Eigenvalues spread over 1e-150 .. 1e150: the fused pass stays exact (no pow overflow
+    for the special powers), and 0^0 = 1."""
+    qo, qi, v = orth(5, 0), orth(4, 1), randn((5, 4), 2)
+    s = 10.0 ** (300 * torch.rand(5, 4, generator=gen(3), dtype=F64) - 150)
+    y, ref = kron_eigen_matvec(qo, qi, s, v, power), dense_matvec(qo, qi, s, v, power)
+    assert torch.isfinite(y).all()
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12 * ref.abs().max().item())
+    z = torch.zeros(5, 4, dtype=F64)
+    torch.testing.assert_close(kron_eigen_matvec(qo, qi, z, v, 0.0), v, rtol=1e-12, atol=1e-12)
+    assert torch.equal(kron_eigen_matvec(qo, qi, z, v, 1.0), torch.zeros_like(v))
+
+
 def test_matvec_non_contiguous_and_empty():
     qo, qi, s = orth(4, 0), orth(3, 1), pos((4, 3), 2)
     v = randn((2, 3, 4), 4).transpose(-1, -2)  # (2, 4, 3), non-contiguous
