@@ -32,7 +32,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 
@@ -60,6 +59,7 @@ def main(argv=None):
         sys.path.insert(0, root)
     import torch
 
+    from benchmarks.run import _cpu_name, _git  # stdlib-only module
     from vmfdist.ops import kron_eigen_matvec, kron_eigen_sample
 
     if args.quick:
@@ -245,24 +245,6 @@ def _blas(torch):
 
     m = re.search(r"BLAS_INFO=([^,\s]+)", torch.__config__.show())
     return m.group(1) if m else "unknown"
-
-
-def _cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def _git(root):
-    try:
-        return subprocess.check_output(["git", "-C", root, "describe", "--always", "--dirty"], text=True).strip()
-    except Exception:
-        return "?"
 
 
 if __name__ == "__main__":
