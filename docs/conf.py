@@ -104,6 +104,8 @@ nitpick_ignore_regex = [
     ("py:class", r"Tensor"),
     ("py:class", r"collections\.abc\.Callable"),
     ("py:class", r"_DependentProperty"),
+    # private base classes named in "Bases:" (their members are documented on the subclasses)
+    ("py:class", r"vmfdist\..*\._[A-Za-z]\w*"),
 ]
 suppress_warnings = ["myst.header"]
 

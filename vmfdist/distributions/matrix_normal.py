@@ -148,7 +148,48 @@ def eigen_marginal_variance(q_out: torch.Tensor, q_in: torch.Tensor, variance: t
 
 
 # ---------------------------------------------------------------------------------
-class MatrixNormal(Distribution):
+class _KroneckerGaussian(Distribution):
+    """What the two matrix-variate Gaussians share: mean and mode ``loc``; the density
+    from the subclass's Mahalanobis term and half log-determinant; entropy; sampling
+    through the subclass's ``rsample``."""
+
+    support = _real_matrix
+    has_rsample = True
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self.loc
+
+    @property
+    def mode(self) -> torch.Tensor:
+        return self.loc
+
+    def _half_logdet(self) -> torch.Tensor:  # 0.5 log det Cov(vec W), batch-shaped
+        raise NotImplementedError
+
+    def _mahalanobis(self, diff: torch.Tensor) -> torch.Tensor:  # vec(diff)^T Cov^{-1} vec(diff)
+        raise NotImplementedError
+
+    def _event_size(self) -> int:
+        return self.event_shape[0] * self.event_shape[1]
+
+    def log_prob(self, value):
+        r""":math:`-\tfrac12\big(nm\log 2\pi + \log\det\mathrm{Cov} + \text{Mahalanobis term}\big)`."""
+        if self._validate_args:
+            self._validate_sample(value)
+        return -0.5 * (self._event_size() * _LOG_2PI + self._mahalanobis(value - self.loc)) - self._half_logdet()
+
+    def entropy(self):
+        r""":math:`\tfrac{nm}{2}(1 + \log 2\pi) + \tfrac12\log\det\mathrm{Cov}(\mathrm{vec}\,W)`."""
+        return (0.5 * self._event_size() * (1.0 + _LOG_2PI) + self._half_logdet()).expand(self.batch_shape)
+
+    def sample(self, sample_shape=torch.Size(), generator: Optional[torch.Generator] = None):
+        with torch.no_grad():
+            return self.rsample(sample_shape, generator=generator)
+
+
+# ---------------------------------------------------------------------------------
+class MatrixNormal(_KroneckerGaussian):
     r"""Matrix normal distribution :math:`\mathcal{MN}(M, U, V)` of ``(out, in)`` matrices:
     :math:`W = M + AEB^T`, :math:`U = AA^T`, :math:`V = BB^T`,
     :math:`\mathrm{Cov}(\mathrm{vec}\,W) = U\otimes V` (row-major vec).
@@ -177,8 +218,6 @@ class MatrixNormal(Distribution):
         "row_scale_tril": constraints.lower_cholesky,
         "column_scale_tril": constraints.lower_cholesky,
     }
-    support = _real_matrix
-    has_rsample = True
 
     def __init__(self, loc, row_covariance=None, column_covariance=None, row_scale_tril=None, column_scale_tril=None,
                  validate_args=None):
@@ -238,14 +277,6 @@ class MatrixNormal(Distribution):
 
     # ---- moments -------------------------------------------------------------------
     @property
-    def mean(self) -> torch.Tensor:
-        return self.loc
-
-    @property
-    def mode(self) -> torch.Tensor:
-        return self.loc
-
-    @property
     def variance(self) -> torch.Tensor:
         r""":math:`\mathrm{Var}(W_{ij}) = U_{ii}V_{jj}` (the diagonal of :math:`U\otimes V`)."""
         du = self._row_tril.pow(2).sum(-1)  # diag(A A^T)
@@ -254,20 +285,12 @@ class MatrixNormal(Distribution):
 
     # ---- densities -----------------------------------------------------------------
     def _half_logdet(self) -> torch.Tensor:
+        r""":math:`\tfrac12\log\det(U\otimes V) = \tfrac12(m\log\det U + n\log\det V)`."""
         return kron_half_logdet(self._row_tril, self._col_tril)
 
-    def log_prob(self, value):
-        r""":math:`-\tfrac12\big(nm\log 2\pi + m\log\det U + n\log\det V + \|A^{-1}(W-M)B^{-T}\|_F^2\big)`."""
-        if self._validate_args:
-            self._validate_sample(value)
-        k = self.event_shape[0] * self.event_shape[1]
-        maha = kron_mahalanobis(self._row_tril, self._col_tril, value - self.loc)
-        return -0.5 * (k * _LOG_2PI + maha) - self._half_logdet()
-
-    def entropy(self):
-        r""":math:`\tfrac{nm}{2}(1 + \log 2\pi) + \tfrac12\log\det(U\otimes V)`."""
-        k = self.event_shape[0] * self.event_shape[1]
-        return (0.5 * k * (1.0 + _LOG_2PI) + self._half_logdet()).expand(self.batch_shape)
+    def _mahalanobis(self, diff: torch.Tensor) -> torch.Tensor:
+        r""":math:`\|A^{-1}(W-M)B^{-T}\|_F^2`."""
+        return kron_mahalanobis(self._row_tril, self._col_tril, diff)
 
     # ---- sampling ------------------------------------------------------------------
     def rsample(self, sample_shape=torch.Size(), generator: Optional[torch.Generator] = None):
@@ -275,13 +298,9 @@ class MatrixNormal(Distribution):
         w = kron_eigen_sample(self.loc, self._row_tril, self._col_tril, ones, sample_shape, generator=generator)
         return w.expand(self._extended_shape(torch.Size(sample_shape)))
 
-    def sample(self, sample_shape=torch.Size(), generator: Optional[torch.Generator] = None):
-        with torch.no_grad():
-            return self.rsample(sample_shape, generator=generator)
-
 
 # ---------------------------------------------------------------------------------
-class EigenvalueCorrectedMatrixNormal(Distribution):
+class EigenvalueCorrectedMatrixNormal(_KroneckerGaussian):
     r"""Eigenvalue-corrected matrix-variate Gaussian (EMVG) of ``(out, in)`` matrices:
     :math:`W = M + Q_{out}(E\odot S^{1/2})Q_{in}^T`, i.e.
     :math:`\mathrm{Cov}(\mathrm{vec}\,W) = (Q_{out}\otimes Q_{in})\,\mathrm{diag}(\mathrm{vec}\,S)\,(Q_{out}\otimes Q_{in})^T`.
@@ -302,8 +321,6 @@ class EigenvalueCorrectedMatrixNormal(Distribution):
     """
 
     arg_constraints = {"loc": _real_matrix, "q_out": orthogonal, "q_in": orthogonal, "eigenvalues": _positive_matrix}
-    support = _real_matrix
-    has_rsample = True
 
     def __init__(self, loc, q_out, q_in, variance, validate_args=None):
         loc = _as_float("loc", loc)
@@ -337,41 +354,22 @@ class EigenvalueCorrectedMatrixNormal(Distribution):
         return new
 
     @property
-    def mean(self) -> torch.Tensor:
-        return self.loc
-
-    @property
-    def mode(self) -> torch.Tensor:
-        return self.loc
-
-    @property
     def variance(self) -> torch.Tensor:
         r"""Marginal :math:`\mathrm{Var}(W_{ij}) = [(Q_o\odot Q_o)\,S\,(Q_i\odot Q_i)^T]_{ij}`."""
         return eigen_marginal_variance(self._q_out, self._q_in, self._s).expand(self.batch_shape + self.event_shape)
 
     def _half_logdet(self) -> torch.Tensor:
+        r""":math:`\tfrac12\sum\log S`."""
         return 0.5 * self._s.log().sum((-2, -1))
 
-    def log_prob(self, value):
-        r""":math:`-\tfrac12\big(nm\log 2\pi + \sum\log S + \sum (Q_o^T(W-M)Q_i)^2/S\big)`."""
-        if self._validate_args:
-            self._validate_sample(value)
-        k = self.event_shape[0] * self.event_shape[1]
-        proj = self._q_out.mT @ (value - self.loc) @ self._q_in
-        maha = (proj.pow(2) / self._s).sum((-2, -1))
-        return -0.5 * (k * _LOG_2PI + maha) - self._half_logdet()
-
-    def entropy(self):
-        k = self.event_shape[0] * self.event_shape[1]
-        return (0.5 * k * (1.0 + _LOG_2PI) + self._half_logdet()).expand(self.batch_shape)
+    def _mahalanobis(self, diff: torch.Tensor) -> torch.Tensor:
+        r""":math:`\sum (Q_o^T(W-M)Q_i)^2/S`."""
+        proj = self._q_out.mT @ diff @ self._q_in
+        return (proj.pow(2) / self._s).sum((-2, -1))
 
     def rsample(self, sample_shape=torch.Size(), generator: Optional[torch.Generator] = None):
         w = kron_eigen_sample(self.loc, self._q_out, self._q_in, self._s, sample_shape, generator=generator)
         return w.expand(self._extended_shape(torch.Size(sample_shape)))
-
-    def sample(self, sample_shape=torch.Size(), generator: Optional[torch.Generator] = None):
-        with torch.no_grad():
-            return self.rsample(sample_shape, generator=generator)
 
 
 # ---- KL divergences ------------------------------------------------------------------
