@@ -433,26 +433,61 @@ VMF_INLINE double log_iv(double nu, double z, bool scaled) {
 // ---------------------------------------------------------------------------
 // Ruiz-Antolin & Segura (2016) bounds and the papers' approximations.
 
+// The bounds are evaluated in two ways that share their formulas:
+//   * InRange = false (iv_ratio_bounds, used on the GPU and for every element outside
+//     the range below): sqrt(x^2 + y^2) by hypot, so nothing over- or underflows;
+//   * InRange = true (iv_ratio_bounds_fast, the CPU's vectorised blocks): only where
+//     bounds_fast_range holds -- the order in the theorem's domain, nu <= 2^500 and
+//     z in [2^-500, 2^500] -- so that no square over- or underflows and the plain root,
+//     which vectorises, may replace hypot (one more rounding: about 1 ulp instead of 0.5).
+// Both need 0 < z < inf and nu finite in the theorem's domain.
+constexpr double kBoundsFastMin = 0x1p-500, kBoundsFastMax = 0x1p500;
+
+template <bool InRange>
+VMF_INLINE double bound_hypot(double x, double y) {
+  if constexpr (InRange) {
+    return ::sqrt(x * x + y * y);
+  } else {
+    return ::hypot(x, y);
+  }
+}
+
 // B_alpha(nu, z) = z / (delta + sqrt(delta^2 + z^2)),
 // delta = (nu - 1/2) + lambda / (2 sqrt(lambda^2 + z^2)), lambda = nu + (alpha - 1)/2.
+// (sqrt(lambda^2 + z^2) >= z > 0.)
+template <bool InRange = false>
 VMF_INLINE double segura_b(double nu, double z, double alpha) {
-  double lambda = nu + 0.5 * (alpha - 1.0);
-  double h = ::hypot(lambda, z);
-  double delta = (nu - 0.5) + (h > 0.0 ? lambda / (2.0 * h) : 0.0);
-  return z / (delta + ::hypot(delta, z));
+  const double lambda = nu + 0.5 * (alpha - 1.0);
+  const double h = bound_hypot<InRange>(lambda, z);
+  const double delta = (nu - 0.5) + lambda / (2.0 * h);
+  return z / (delta + bound_hypot<InRange>(delta, z));
 }
 
 // Theorem 4's z / ((nu - c) + sqrt((nu + c)^2 + z^2)), c = 1/2 (lower) or 1 (upper).
 // For nu < c the denominator cancels (to 0 once z^2 is below the rounding of (nu + c)^2: the
 // lower bound was inf at nu = 0, z = 1e-9);
 // there it is (4 c nu + z^2) / (sqrt((nu + c)^2 + z^2) + (c - nu)), all terms >= 0, so
-// the bound is (h + c - nu) / (4 c nu / z + z), with z / (4 c nu) taken apart if 4 c nu / z overflows.
+// the bound is (h + c - nu) / (4 c nu / z + z), with z / (4 c nu) taken apart if 4 c nu / z
+// overflows (never in range).  Both forms are evaluated and one selected, so that the
+// in-range loop has no branch.
+template <bool InRange = false>
 VMF_INLINE double theorem4_b(double nu, double z, double c) {
-  double h = ::hypot(nu + c, z);
-  if (nu >= c) return z / ((nu - c) + h);
-  double q = (4.0 * c * nu) / z;
-  if (is_inf(q)) return (h + (c - nu)) * (z / (4.0 * c * nu));
-  return (h + (c - nu)) / (q + z);
+  const double h = bound_hypot<InRange>(nu + c, z);
+  const double r_large = z / ((nu - c) + h);
+  const double q = (4.0 * c * nu) / z;
+  const double r_small = (InRange || !is_inf(q)) ? (h + (c - nu)) / (q + z) : (h + (c - nu)) * (z / (4.0 * c * nu));
+  return nu >= c ? r_large : r_small;
+}
+
+template <bool InRange>
+VMF_INLINE void bounds_formulas(double nu, double z, int theorem, double* lower, double* upper) {
+  if (theorem == 5) {
+    *lower = segura_b<InRange>(nu, z, 2.0);
+    *upper = segura_b<InRange>(nu, z, 0.0);
+  } else {
+    *lower = theorem4_b<InRange>(nu, z, 0.5);
+    *upper = theorem4_b<InRange>(nu, z, 1.0);
+  }
 }
 
 // Theorem 5 (nu >= 1/2): B_2 < R < B_0.  Theorem 4 (nu >= 0):
@@ -472,24 +507,8 @@ VMF_INLINE void iv_ratio_bounds(double nu, double z, int theorem, double* lower,
     *lower = *upper = 1.0;
     return;
   }
-  if (theorem == 5) {
-    *lower = segura_b(nu, z, 2.0);
-    *upper = segura_b(nu, z, 0.0);
-  } else {
-    *lower = theorem4_b(nu, z, 0.5);
-    *upper = theorem4_b(nu, z, 1.0);
-  }
+  bounds_formulas<false>(nu, z, theorem, lower, upper);
 }
-
-// Branch-free forms of the same bounds for vectorised CPU loops, valid (and used) only
-// where bounds_fast_range holds: the order in the theorem's domain and both nu and z in
-// [2^-500, 2^500] (z) / [lo, 2^500] (nu), so that no square over- or underflows and
-// sqrt(x^2 + y^2) may replace hypot (one more rounding: about 1 ulp instead of 0.5 in
-// the root).  Theorem 4's two algebraic forms are both evaluated and one is selected
-// (for nu < c the first may divide by ~0; the second is finite throughout the range).
-// Everything outside the range (NaN, out of domain, 0, inf, extreme magnitudes) goes to
-// iv_ratio_bounds above.
-constexpr double kBoundsFastMin = 0x1p-500, kBoundsFastMax = 0x1p500;
 
 template <int Theorem>
 VMF_INLINE bool bounds_fast_range(double nu, double z) {
@@ -497,31 +516,10 @@ VMF_INLINE bool bounds_fast_range(double nu, double z) {
   return (nu >= lo_nu) & (nu <= kBoundsFastMax) & (z >= kBoundsFastMin) & (z <= kBoundsFastMax);
 }
 
-VMF_INLINE double segura_b_fast(double nu, double z, double alpha) {
-  const double lambda = nu + 0.5 * (alpha - 1.0);
-  const double z2 = z * z;
-  const double h = ::sqrt(lambda * lambda + z2);  // >= z > 0
-  const double delta = (nu - 0.5) + lambda / (2.0 * h);
-  return z / (delta + ::sqrt(delta * delta + z2));
-}
-
-VMF_INLINE double theorem4_b_fast(double nu, double z, double c) {
-  const double a = nu + c;
-  const double h = ::sqrt(a * a + z * z);
-  const double r_large = z / ((nu - c) + h);
-  const double r_small = (h + (c - nu)) / ((4.0 * c * nu) / z + z);
-  return nu >= c ? r_large : r_small;
-}
-
+// iv_ratio_bounds where bounds_fast_range<Theorem>(nu, z) holds (garbage elsewhere).
 template <int Theorem>
 VMF_INLINE void iv_ratio_bounds_fast(double nu, double z, double* lower, double* upper) {
-  if (Theorem == 5) {
-    *lower = segura_b_fast(nu, z, 2.0);
-    *upper = segura_b_fast(nu, z, 0.0);
-  } else {
-    *lower = theorem4_b_fast(nu, z, 0.5);
-    *upper = theorem4_b_fast(nu, z, 1.0);
-  }
+  bounds_formulas<true>(nu, z, Theorem, lower, upper);
 }
 
 // The papers' approximation R ~ (B_2 + B_0) / 2 (eq. 33).
