@@ -56,11 +56,13 @@ VMF_TARGET_CLONES inline void row_rotate(scalar_t* x, const scalar_t* mu, int64_
 }
 
 // One sample row, its d - 1 tangent normals already in x[1..d-1]: the marginal from
-// the row's stream s (Wood's envelope p for this kappa precomputed), then the
-// reflection applied in place.  mu is normalised on the fly (robust to loc that is unit only to rounding).
+// the stream (seed, offset, row) (Wood's envelope p for this kappa precomputed), then
+// the reflection applied in place.  mu is normalised on the fly (robust to loc that is
+// unit only to rounding).
 template <class scalar_t>
-void finish_row(const scalar_t* mu, double kappa, const vmf::Wood& p, int64_t d, philox::PhiloxStream& s,
-                scalar_t* x, scalar_t* omw_out) {
+void finish_row(const scalar_t* mu, double kappa, const vmf::Wood& p, int64_t d, uint64_t seed, uint64_t offset,
+                uint64_t row, scalar_t* x, scalar_t* omw_out) {
+  philox::PhiloxStream s(seed, offset, row);
   const vmf::Marginal m = vmf::sample_marginal(s, static_cast<double>(d), kappa, p);
   const int64_t nt = d - 1;
   double ee = 0.0, me = 0.0, mm = 0.0;
@@ -116,8 +118,7 @@ void sample_rows(const scalar_t* pm, const scalar_t* pk, int64_t B, int64_t d, u
         wood = vmf::wood_setup(dd, kappa);
         kappa_cached = kappa;
       }
-      philox::PhiloxStream s(seed, offset, static_cast<uint64_t>(row));
-      finish_row<scalar_t>(pm + b * d, kappa, wood, d, s, x, po + row);
+      finish_row<scalar_t>(pm + b * d, kappa, wood, d, seed, offset, static_cast<uint64_t>(row), x, po + row);
     }
   }
 }

@@ -153,7 +153,8 @@ constexpr int kLanes = 16;
 // kLanes Philox blocks side by side: lane l starts from the counter (x0, x1, x2, x3)[l]
 // under the key (k0, k1) and leaves its four normals in out[4l .. 4l+3] (the values of
 // normal4_f32 for that stream and block).  Inlined into the target-cloned callers below.
-VMF_FORCEINLINE void philox_lanes(uint32_t* x0, uint32_t* x1, uint32_t* x2, uint32_t* x3, uint32_t k0, uint32_t k1) {
+VMF_FORCEINLINE void philox_lanes_normals(uint32_t* x0, uint32_t* x1, uint32_t* x2, uint32_t* x3, uint32_t k0,
+                                          uint32_t k1, float* out) {
   for (int r = 0; r < philox::kDefaultRounds; ++r) {
     const uint32_t rk0 = k0 + static_cast<uint32_t>(r) * philox::kWeyl0;
     const uint32_t rk1 = k1 + static_cast<uint32_t>(r) * philox::kWeyl1;
@@ -168,11 +169,6 @@ VMF_FORCEINLINE void philox_lanes(uint32_t* x0, uint32_t* x1, uint32_t* x2, uint
       x2[l] = n2;
     }
   }
-}
-
-VMF_FORCEINLINE void philox_lanes_normals(uint32_t* x0, uint32_t* x1, uint32_t* x2, uint32_t* x3, uint32_t k0,
-                                          uint32_t k1, float* out) {
-  philox_lanes(x0, x1, x2, x3, k0, k1);
   float z0[kLanes], z1[kLanes], z2[kLanes], z3[kLanes];
   for (int l = 0; l < kLanes; ++l) {
     box_muller_f(x0[l], x1[l], &z0[l], &z1[l]);
@@ -212,21 +208,6 @@ VMF_TARGET_CLONES inline void normals_f32_lanes(const uint32_t* c0, const uint32
   philox_lanes_normals(x0, x1, x2, x3, k0, k1, out);
 }
 
-// The counters of lanes start .. start + kLanes - 1 of a multi-row job: lane i is block
-// i % nb of stream (offset, row0 + i / nb); lanes past `lanes` repeat the last one.
-inline void row_lane_counters(uint64_t offset, uint64_t row0, uint32_t nb, int64_t start, int64_t lanes,
-                              uint32_t* c0, uint32_t* c1, uint32_t* c2, uint32_t* c3) {
-  for (int l = 0; l < kLanes; ++l) {
-    const int64_t lane = start + l < lanes ? start + l : lanes - 1;
-    const philox::U32x4 c =
-        philox::stream_counter(offset, row0 + static_cast<uint64_t>(lane / nb), static_cast<uint32_t>(lane % nb));
-    c0[l] = c.v[0];
-    c1[l] = c.v[1];
-    c2[l] = c.v[2];
-    c3[l] = c.v[3];
-  }
-}
-
 // Normals [0, 4 nb) of the streams (seed, offset, row0 + r), r < nrows, for short rows:
 // rows with few blocks each do not fill a chunk of one stream, so the blocks of several
 // rows share the vector lanes.  out[4 nb r + i] is normal i of row row0 + r (the values
@@ -236,11 +217,18 @@ inline void normals_f32_rows(uint64_t seed, uint64_t offset, uint64_t row0, int6
   const int64_t lanes = nrows * static_cast<int64_t>(nb);
   uint32_t c0[kLanes], c1[kLanes], c2[kLanes], c3[kLanes];
   for (int64_t start = 0; start < lanes; start += kLanes) {
-    row_lane_counters(offset, row0, nb, start, lanes, c0, c1, c2, c3);
+    for (int l = 0; l < kLanes; ++l) {  // lane i: block i % nb of row row0 + i / nb; pad with a repeat
+      const int64_t lane = start + l < lanes ? start + l : lanes - 1;
+      const philox::U32x4 c =
+          philox::stream_counter(offset, row0 + static_cast<uint64_t>(lane / nb), static_cast<uint32_t>(lane % nb));
+      c0[l] = c.v[0];
+      c1[l] = c.v[1];
+      c2[l] = c.v[2];
+      c3[l] = c.v[3];
+    }
     normals_f32_lanes(c0, c1, c2, c3, k0, k1, out + 4 * start);
   }
 }
-
 
 // Normals [4 j0, 4 j0 + n) of stream (seed, offset, row) into out (float).
 inline void normals_f32(uint64_t seed, uint64_t offset, uint64_t row, uint32_t j0, int64_t n, float* out) {
