@@ -50,7 +50,7 @@ def main(argv=None):
         n, x = torch.tensor([nu], dtype=torch.float64), torch.tensor([zz], dtype=torch.float64)
         ex = float(special.log_bessel_iv(n, x))
         a44 = float(special.log_bessel_iv_asymptotic(n, x))
-        a45 = float(special.log_bessel_iv_series(n, x)) if nu <= 1e4 else float("nan")
+        a45 = float(special.log_bessel_iv_series(n, x))  # O(nu) work: ~30 ms at nu = 1e6
         print(f"{nu:>8g} {zz:>8g} {ex:>22.15g} {a44:>14.6g} {a45:>22.15g}")
 
     _vmf_table()
