@@ -11,6 +11,7 @@ import os
 import torch
 
 from . import special
+from .distributions import VonMisesFisher
 
 
 def _table(orders, z):
@@ -86,8 +87,6 @@ def main(argv=None):
 
 def _vmf_table():
     """Sample the von Mises-Fisher distribution and check the moments and the gradient."""
-    from .distributions import VonMisesFisher
-
     print("\nvon Mises-Fisher: 20000 samples, E[mu^T x] vs A_d(kappa), mean d(mu^T x)/dkappa vs A'_d(kappa)")
     print(f"{'d':>6} {'kappa':>8} {'E[w] (MC)':>12} {'A_d':>12} {'grad (MC)':>12} {'A_d prime':>12}")
     gen = torch.Generator().manual_seed(0)
