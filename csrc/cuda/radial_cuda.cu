@@ -35,7 +35,7 @@ __global__ void radial_pass1(scalar_t* __restrict__ out, double* __restrict__ pa
     double acc = 0.0;
     for (int64_t q = threadIdx.x; 4 * q < n; q += blockDim.x) {
       double z[4];
-      fastnorm::normal4_for<scalar_t>(seed, offset, static_cast<uint64_t>(t), static_cast<uint32_t>((start >> 2) + q), z);
+      fast_normal::normal4_for<scalar_t>(seed, offset, static_cast<uint64_t>(t), static_cast<uint32_t>((start >> 2) + q), z);
       for (int k = 0; k < 4; ++k) {
         const int64_t i = 4 * q + k;
         if (i < n) {
@@ -89,7 +89,7 @@ __global__ void radial_scale_grad_kernel(const scalar_t* __restrict__ grad, cons
     for (int64_t s = 0; s < S; ++s) {
       const int64_t t = s * groups + g;
       double z[4];
-      fastnorm::normal4_for<scalar_t>(seed, offset, static_cast<uint64_t>(t), static_cast<uint32_t>(k >> 2), z);
+      fast_normal::normal4_for<scalar_t>(seed, offset, static_cast<uint64_t>(t), static_cast<uint32_t>(k >> 2), z);
       const double e = static_cast<double>(static_cast<scalar_t>(z[k & 3]));
       acc += static_cast<double>(grad[s * event + j]) * (e * coef[t]);
     }

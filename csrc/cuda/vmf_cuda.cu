@@ -49,7 +49,7 @@ __global__ void vmf_sample_kernel(const scalar_t* __restrict__ loc, const scalar
     double ee = 0.0, me = 0.0, mm = 0.0;
     for (int64_t j = lane; j < nblk; j += kWarp) {
       double z[4];
-      fastnorm::normal4_for<scalar_t>(seed, offset + 1, static_cast<uint64_t>(row), static_cast<uint32_t>(j), z);
+      fast_normal::normal4_for<scalar_t>(seed, offset + 1, static_cast<uint64_t>(row), static_cast<uint32_t>(j), z);
       for (int k = 0; k < 4; ++k) {
         const int64_t idx = 4 * j + k;
         if (idx < nt) {
