@@ -386,6 +386,19 @@ def test_sample_errors():
         lib.kron_eigen_noise(var, [2, 3, 5], 0, 0, 0.5)
 
 
+def test_meta_mixed_with_cpu_is_an_error():
+    """A meta argument sends the call to the fake kernel (which used to return uninitialised
+    CPU memory): it must refuse arguments on different devices, naming them."""
+    loc, qo, qi, var = randn((2, 6, 5), 0), orth(6, 1), orth(5, 2), pos((6, 5), 3)
+    with pytest.raises(RuntimeError, match="scale must be on the same device as v, got scale on meta and v on cpu"):
+        kron_eigen_matvec(qo, qi, var.to("meta"), loc, -0.5)
+    with pytest.raises(RuntimeError, match="q_out must be on the same device as v"):
+        lib.kron_eigen_matvec(qo.to("meta"), qi, var, loc, 1.0)
+    with pytest.raises(RuntimeError, match="variance must be on the same device as loc"):
+        lib.kron_eigen_sample(loc, qo, qi, var.to("meta"), 2, 0, 0)
+    assert lib.kron_eigen_matvec(*(t.to("meta") for t in (qo, qi, var, loc)), 1.0).shape == (2, 6, 5)
+
+
 @pytest.mark.parametrize("device", cpu_and_cuda())
 def test_devices_agree(device):
     """The same op on another device: same noise (float64 to rounding), same products."""

@@ -110,6 +110,20 @@ def test_same_seed_same_samples_any_thread_count():
     assert torch.equal(d1, v.sample((10,)))
 
 
+def test_meta_mixed_with_cpu_is_an_error():
+    """A meta argument sends the call to the fake kernel (which used to return uninitialised
+    CPU memory): the raw ops must refuse arguments on different devices, naming them."""
+    loc, kappa = torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([2.0])
+    with pytest.raises(RuntimeError, match="concentration must be on the same device as loc, got concentration on meta"):
+        lib.vmf_sample(loc, kappa.to("meta"), 1, 0, 0)
+    with pytest.raises(RuntimeError, match="concentration must be on the same device as loc, got concentration on cpu"):
+        lib.vmf_sample(loc.to("meta"), kappa, 1, 0, 0)
+    with pytest.raises(RuntimeError, match="concentration must be on the same device as one_minus_w"):
+        lib.vmf_marginal_grad(torch.tensor([0.5]), kappa.to("meta"), 3)
+    x, omw = lib.vmf_sample(loc.to("meta"), kappa.to("meta"), 4, 0, 0)
+    assert x.device.type == "meta" and x.shape == (4, 1, 3) and omw.shape == (4, 1)
+
+
 @pytest.mark.parametrize("device", cpu_and_cuda())
 def test_float32_and_devices(device):
     for d, k in [(2, 3.0), (3, 1e6), (64, 0.0), (1000, 1e9)]:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from ._lib import _binary_result, lib
+from ._lib import _binary_result, _check_same_device, lib
 
 
 @torch.library.register_fake("vmfdist::vmf_sample")
 def _(loc, concentration, num_samples, seed, offset):
+    _check_same_device("vmf_sample", loc=loc, concentration=concentration)
     torch._check(loc.dim() == 2, lambda: f"vmf_sample: loc must have shape (batch, d), got {tuple(loc.shape)}")
     torch._check(concentration.dim() == 1 and concentration.shape[0] == loc.shape[0],
                  lambda: "vmf_sample: concentration must have shape (batch,)")
@@ -19,7 +20,7 @@ def _(loc, concentration, num_samples, seed, offset):
 
 @torch.library.register_fake("vmfdist::vmf_marginal_grad")
 def _(one_minus_w, concentration, dim):
-    return _binary_result(one_minus_w, concentration)
+    return _binary_result(one_minus_w, concentration, "vmf_marginal_grad", ("one_minus_w", "concentration"))
 
 
 def householder(mu: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
