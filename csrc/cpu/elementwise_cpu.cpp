@@ -90,9 +90,18 @@ struct Op<Fn, Args<E...>> {
     std::array<at::Tensor, Fn::outputs> out;
     at::TensorIterator iter = make_iterator<Fn>(a, b, out);
     const Fn fn{e...};
+    constexpr int N = Fn::outputs + 2;
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, iter.common_dtype(), Fn::name, [&] {
-      iter.for_each([&fn](char** data, const int64_t* strides, int64_t n) { loop<scalar_t>(data, strides, n, fn); },
-                    kGrain<Fn>);
+      // a 2-d piece: size1 runs of size0 elements, run j at base[k] + j * strides[N + k]
+      iter.for_each(
+          [&fn](char** base, const int64_t* strides, int64_t size0, int64_t size1) {
+            std::array<char*, N> data;
+            for (int64_t j = 0; j < size1; ++j) {
+              for (int k = 0; k < N; ++k) data[k] = base[k] + j * strides[N + k];
+              loop<scalar_t>(data.data(), strides, size0, fn);
+            }
+          },
+          kGrain<Fn>);
     });
     return result<Fn>(out);
   }
