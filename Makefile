@@ -19,7 +19,7 @@ test-slow: setup
 	$(PY) -m pytest -q --slow tests
 
 bench: setup
-	$(PY) benchmarks/run.py
+	$(PY) -m benchmarks.run all
 
 clean:
 	rm -rf build *.egg-info vmfdist/*.so
