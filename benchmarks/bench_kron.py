@@ -16,7 +16,7 @@ import warnings
 import torch
 
 from benchmarks import harness as H
-from vmfdist.ops import kron_eigen_matvec, kron_eigen_sample
+from vmfdist.linalg import kron_eigen_matvec, kron_eigen_sample
 
 TITLE = "Kronecker-eigenbasis matvec and sampling vs bare matmuls and laplace-torch"
 

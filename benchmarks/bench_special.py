@@ -19,6 +19,7 @@ import torch
 
 from benchmarks import harness as H
 from tests import reference as R
+from vmfdist import _C
 from vmfdist import special as S
 
 TITLE = "vmfdist.special vs TFP-JAX, SciPy and torch composites"
@@ -268,9 +269,7 @@ def scaling(threads, n, tkw):
 
 
 def _calls_openmp() -> str:
-    import vmfdist._C as C  # noqa: N812
-
-    with open(C.__file__, "rb") as f:
+    with open(_C.__file__, "rb") as f:
         data = f.read()
     return "yes" if b"GOMP_parallel" in data or b"__kmpc_fork_call" in data else "no"
 

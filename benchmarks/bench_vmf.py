@@ -27,6 +27,7 @@ import torch
 
 from benchmarks import harness as H
 from tests import reference as R
+from vmfdist.distributions import VonMisesFisher
 
 TITLE = "VonMisesFisher sampling vs TFP-JAX, SciPy, PowerSpherical, s-vae"
 CASES = [(16, 100.0), (256, 1e3), (4096, 1e4), (3, 10.0), (64, 10.0), (1000, 50.0)]  # issue #3's three first
@@ -131,8 +132,6 @@ def sampler(impl, d, kappa, dt, n, mu, threads):
     tdt = DTYPES[dt]
     loc, k = torch.as_tensor(mu, dtype=tdt), torch.tensor(kappa, dtype=tdt)
     if impl == "vmfdist":
-        from vmfdist.distributions import VonMisesFisher
-
         dist = VonMisesFisher(loc, k)
         return lambda: dist.sample((n,))
     if impl == "randn floor":
@@ -174,10 +173,7 @@ def grad_step(impl, d, kappa, dt, n, mu):
     loc = torch.as_tensor(mu, dtype=tdt).clone().requires_grad_(True)
     kap = torch.tensor(kappa, dtype=tdt, requires_grad=True)
     c = torch.as_tensor(np.random.default_rng(7).standard_normal(d), dtype=tdt)
-    if impl == "vmfdist":
-        from vmfdist.distributions import VonMisesFisher as cls
-    else:
-        cls = _power_spherical() if impl == "PowerSpherical" else SVAEVonMisesFisher
+    cls = {"vmfdist": VonMisesFisher, "s-vae (torch)": SVAEVonMisesFisher}.get(impl) or _power_spherical()
     if cls is None:
         return None
 
