@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from benchmarks import accuracy
 from benchmarks import harness as H
 from benchmarks import run as R
 
@@ -78,6 +79,11 @@ def test_recorded_report_matches_its_json(area):
     mod = importlib.import_module(f"benchmarks.bench_{area}")
     with open(os.path.join(DOCS, f"{area}.md")) as f:
         assert mod.render(H.load_json(os.path.join(DOCS, f"{area}.json"))) == f.read()
+
+
+def test_recorded_accuracy_table_matches_its_json():
+    with open(os.path.join(H.ROOT, "docs", "accuracy.md")) as f:
+        assert accuracy.render_markdown(H.load_json(os.path.join(H.ROOT, "docs", "accuracy.json"))) == f.read()
 
 
 def test_driver_runs_an_area_end_to_end(tmp_path, monkeypatch):
