@@ -4,7 +4,7 @@ r"""Every KL divergence of vmfdist, registered with :func:`torch.distributions.k
 
 * von Mises--Fisher: vMF||vMF, vMF||HypersphericalUniform, HypersphericalUniform||HypersphericalUniform
 * Radial||Independent(Normal) in closed form (Radial||Radial raises: use
-  :func:`vmfdist.distributions.kl_radial_radial`, a Monte Carlo estimate)
+  :func:`~vmfdist.distributions.radial.kl_radial_radial`, a Monte Carlo estimate)
 * the matrix normals: MatrixNormal||MatrixNormal, MatrixNormal||Independent(Normal),
   EigenvalueCorrectedMatrixNormal||Independent(Normal), and EVMN||EVMN with shared bases
 * the radius priors of the radial--directional layers, which torch lacks:
