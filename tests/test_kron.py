@@ -714,6 +714,8 @@ def test_matrix_normal_identity_and_scalar_covariances():
         MatrixNormal(loc, -1.0)
     with pytest.raises(ValueError, match="column_scale_tril given as a scalar must be positive"):
         MatrixNormal(loc, column_scale_tril=0.0)
+    with pytest.raises(ValueError, match="row_covariance given as a scalar must be positive"):
+        MatrixNormal(loc, torch.tensor(-2.0, dtype=F64))
     with pytest.raises(TypeError, match="row_covariance must be real"):
         MatrixNormal(loc, 1.0 + 1j)
 

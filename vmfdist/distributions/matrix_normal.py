@@ -29,6 +29,7 @@ tested against dense linear algebra in ``tests/test_kron.py`` (:math:`U` is
 """
 from __future__ import annotations
 
+from numbers import Real
 from typing import Optional
 
 import torch
@@ -153,10 +154,14 @@ def _factor_argument(side: str, cov, tril, n: int, loc: torch.Tensor, what: str)
         eye = torch.eye(n, dtype=loc.dtype, device=loc.device)
         return tril_name, eye, eye
     name = cov_name if tril is None else tril_name
-    t = _as_float(name, cov if tril is None else tril, loc)
+    value = cov if tril is None else tril
+    t = _as_float(name, value, loc)
     if t.dim() == 0:  # a scalar c: U = c I, factor sqrt(c) I (a scale_tril s: A = s I)
-        if t.device.type != "meta" and not bool(t > 0):
-            raise ValueError(f"{name} given as a scalar must be positive, got {t.item()}")
+        # a Python number is checked on the host value (no device read-back, nothing for
+        # torch.compile to break on); a 0-dim tensor as the Cholesky check of a matrix would be
+        positive = value > 0 if isinstance(value, Real) else (t.device.type == "meta" or bool(t > 0))
+        if not positive:
+            raise ValueError(f"{name} given as a scalar must be positive, got {float(value)}")
         eye = torch.eye(n, dtype=t.dtype, device=t.device)
         return name, t * eye, (t.sqrt() if tril is None else t) * eye
     _check_trailing(name, t, n, n, what)
