@@ -203,7 +203,7 @@ class VonMisesFisher(Distribution):
         :math:`1/\kappa^2` for large :math:`\kappa`, so it is not formed from that difference of
         order-one terms (all digits lost by :math:`\kappa \approx 10^8`) but taken from
         ``bessel_iv_ratio_grad``, the derivative of the ratio from its continued fraction
-        (accurate to a few hundred ulp over the whole range, ``tests/test_special.py``).
+        (within 10 ulp of mpmath over the whole range, ``tests/test_special.py``).
         :math:`A/\kappa \to 1/d` and :math:`A' \to 1/d` as :math:`\kappa \to 0`."""
         k = self.concentration
         half = torch.full_like(k, 0.5 * self._dim)
