@@ -56,10 +56,10 @@ VMF_FORCEINLINE void store(char* p, int64_t stride, int64_t m, const double* src
 // One inner run of n elements: data[k], strides[k] (bytes) are the outputs, then the
 // two inputs.  Blocks of kBlock elements are read into double, computed (the
 // functor's block routine, or the functor element by element) and rounded once to
-// the output dtype.  Compiled for baseline x86-64 and x86-64-v3 (macros.h), the
-// scalar math inlined into each copy.
+// the output dtype.  Called through isa::dispatch (macros.h): compiled for baseline
+// x86-64 and for AVX2 + FMA, the scalar math inlined into each copy.
 template <class scalar_t, class Fn>
-VMF_TARGET_CLONES VMF_FLATTEN void loop(char** data, const int64_t* strides, int64_t n, const Fn& fn) {
+void loop(char** data, const int64_t* strides, int64_t n, const Fn& fn) {
   constexpr int kOut = Fn::outputs;
   double a[kBlock], b[kBlock], r[kOut][kBlock];
   double* out[kOut];
@@ -98,7 +98,7 @@ struct Op<Fn, Args<E...>> {
             std::array<char*, N> data;
             for (int64_t j = 0; j < size1; ++j) {
               for (int k = 0; k < N; ++k) data[k] = base[k] + j * strides[N + k];
-              loop<scalar_t>(data.data(), strides, size0, fn);
+              isa::dispatch([&] { loop<scalar_t>(data.data(), strides, size0, fn); });
             }
           },
           kGrain<Fn>);
