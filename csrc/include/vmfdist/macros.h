@@ -46,7 +46,8 @@
 // Results are bit-identical in every copy: the build forbids floating-point
 // contraction (-ffp-contract=off), so the copies differ only in vector width and in
 // computing the explicit fma() calls (correctly rounded either way) with the
-// instruction instead of a call into libm.  Host code only; no-ops elsewhere.
+// instruction instead of a call into libm.  Host code only (under nvcc, dispatch just
+// calls f).
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__CUDACC__)
 #define VMF_TARGET_CLONES __attribute__((target_clones("avx2", "default")))
 #define VMF_ISA_DISPATCH 1
@@ -54,7 +55,6 @@
 #define VMF_TARGET_CLONES
 #endif
 
-#if !defined(__CUDACC__)
 namespace vmfdist {
 namespace isa {
 #ifdef VMF_ISA_DISPATCH
@@ -62,8 +62,10 @@ inline bool has_avx2_fma() {
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return has;
 }
+// noinline: a dispatch inside another one's f keeps its own copy (compiled and
+// vectorised by itself) instead of being flattened into the outer one.
 template <class F>
-__attribute__((target("avx2,fma"), flatten)) void run_avx2_fma(const F& f) {
+__attribute__((target("avx2,fma"), flatten, noinline)) void run_avx2_fma(const F& f) {
   f();
 }
 #endif
@@ -80,7 +82,6 @@ inline void dispatch(const F& f) {
 }
 }  // namespace isa
 }  // namespace vmfdist
-#endif
 
 namespace vmfdist {
 // NaN/inf tests that behave the same in host and device code (no -ffast-math here).
