@@ -21,6 +21,7 @@ from .meanfield import MeanFieldConv2d, MeanFieldLinear  # noqa: F401
 from .model import bayesian_modules, check_finite, deterministic, kl_divergence, sample_forward, set_mode  # noqa: F401
 from .predictive import (PredictiveCategorical, accuracy, brier_score, calibration_bins, ece,  # noqa: F401
                          log_likelihood, mutual_information, nll, ood_auroc, predict, predictive_entropy, rmse)
+from .prune import architecture, compress, count_flops, count_parameters, gap_threshold, log_modes  # noqa: F401
 from .radial import RadialConv2d, RadialLinear  # noqa: F401
 from .rdp import RDPConv2d, RDPLinear, RDPPosterior, concentration_for_mean_length  # noqa: F401
 
@@ -33,4 +34,5 @@ __all__ = [
     "to_bayesian", "to_deterministic",
     "predict", "PredictiveCategorical", "nll", "log_likelihood", "rmse", "accuracy", "ece", "calibration_bins",
     "brier_score", "predictive_entropy", "mutual_information", "ood_auroc",
+    "log_modes", "gap_threshold", "compress", "count_flops", "count_parameters", "architecture",
 ]
