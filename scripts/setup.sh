@@ -13,7 +13,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PY="$VENV/bin/python"
 "$PY" -m pip install -q "${VMFDIST_TORCH:-torch==2.14.1}" numpy scipy mpmath hypothesis pytest ninja \
-  setuptools wheel matplotlib
+  setuptools wheel matplotlib scikit-learn
 if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
   export CUDA_HOME=/usr/local/cuda
 fi
