@@ -63,12 +63,13 @@ class _MeanField(BayesianModule):
 
     def weight_posterior(self):
         """``Independent(Normal(weight_mu, softplus(weight_rho)), weight.dim())``."""
-        return Independent(Normal(self.weight_mu, self.weight_sigma), self.weight_mu.dim())
+        return Independent(Normal(self.weight_mu, self.weight_sigma, validate_args=False), self.weight_mu.dim(),
+                           validate_args=False)
 
     def bias_posterior(self):
         if self.bias_mu is None:
             return None
-        return Independent(Normal(self.bias_mu, self.bias_sigma), 1)
+        return Independent(Normal(self.bias_mu, self.bias_sigma, validate_args=False), 1, validate_args=False)
 
     def kl_divergence(self) -> torch.Tensor:
         """KL(q || prior) summed over weights and bias (closed form for a Gaussian prior)."""
@@ -82,12 +83,13 @@ class _MeanField(BayesianModule):
 
     def sample_weights(self, num_samples):
         shape = (num_samples,) + tuple(self.weight_mu.shape)
-        w = self.weight_mu + self.weight_sigma * torch.randn(shape, dtype=self.weight_mu.dtype,
-                                                             device=self.weight_mu.device)
+        w = torch.addcmul(self.weight_mu, self.weight_sigma, torch.randn(shape, dtype=self.weight_mu.dtype,
+                                                                         device=self.weight_mu.device))
         b = None
         if self.bias_mu is not None:
-            b = self.bias_mu + self.bias_sigma * torch.randn((num_samples,) + tuple(self.bias_mu.shape),
-                                                             dtype=self.bias_mu.dtype, device=self.bias_mu.device)
+            b = torch.addcmul(self.bias_mu, self.bias_sigma,
+                              torch.randn((num_samples,) + tuple(self.bias_mu.shape), dtype=self.bias_mu.dtype,
+                                          device=self.bias_mu.device))
         return w, b
 
     # ---- estimators --------------------------------------------------------------

@@ -4,9 +4,10 @@ Statistic: the log of the mode of each group's local radius :math:`z_g = \sqrt{a
 :math:`(m_a + m_b)/2 - (\sigma_a^2 + \sigma_b^2)/4` (:meth:`RDPLinear.log_modes`); the
 global factor scales all groups of a layer alike and is left out, as in the paper.
 After training these statistics are bimodal (paper, Fig. 7): groups in use sit orders of
-magnitude above the pruned ones.  :func:`gap_threshold` puts the threshold in the middle of
-the widest gap between consecutive sorted values, and prunes nothing when that gap is
-narrower than ``min_gap`` (no clear second mode).
+magnitude above the pruned ones.  :func:`gap_threshold` splits the sorted values at the gap
+with the largest between-class variance (Otsu's criterion) and puts the threshold in the
+middle of that gap; it prunes nothing when the two classes' means are less than
+``min_separation`` apart (no clear second mode).
 
 :func:`compress` returns a plain ``nn.Sequential`` in which a hidden neuron (an output
 channel or unit) is *removed* when its incoming group (its row in the layer that produces
@@ -44,18 +45,25 @@ def log_modes(model: nn.Module) -> Dict[str, Dict[str, torch.Tensor]]:
     return {name: m.log_modes() for name, m in bayesian_modules(model) if isinstance(m, _RDP)}
 
 
-def gap_threshold(values: torch.Tensor, min_gap: float = 1.0) -> float:
-    """Middle of the widest gap between consecutive sorted ``values`` (a threshold between the
-    two modes of a bimodal histogram); ``-inf`` (prune nothing) when the widest gap is below
-    ``min_gap`` or there are fewer than two values."""
+def gap_threshold(values: torch.Tensor, min_separation: float = 2.0) -> float:
+    """The threshold between the two modes of a bimodal set of log-modes: the sorted values are
+    split where the between-class variance is largest (Otsu's criterion, evaluated exactly at
+    every gap), and the threshold is the middle of that gap.  ``-inf`` (prune nothing) when the
+    two classes' means are less than ``min_separation`` apart (no clear second mode) or there
+    are fewer than two values."""
     v = torch.as_tensor(values).detach().reshape(-1).to(torch.float64)
     v = v[torch.isfinite(v)]
-    if v.numel() < 2:
+    n = v.numel()
+    if n < 2:
         return -math.inf
     s, _ = torch.sort(v)
-    gaps = s[1:] - s[:-1]
-    i = int(torch.argmax(gaps))
-    if float(gaps[i]) < min_gap:
+    k = torch.arange(1, n, dtype=torch.float64)
+    csum = torch.cumsum(s, 0)[:-1]
+    m0 = csum / k
+    m1 = (s.sum() - csum) / (n - k)
+    between = k * (n - k) * (m1 - m0).pow(2)
+    i = int(torch.argmax(between))
+    if float(m1[i] - m0[i]) < min_separation:
         return -math.inf
     return float(0.5 * (s[i] + s[i + 1]))
 
@@ -85,7 +93,7 @@ def _sizes(m):
 
 
 def compress(model: nn.Module, threshold: Union[None, float, Dict[str, float]] = None, use: str = "mean",
-             min_gap: float = 1.0) -> nn.Sequential:
+             min_separation: float = 2.0) -> nn.Sequential:
     """A smaller plain ``nn.Sequential`` with the pruned neurons of an RDP model removed.
 
     Args:
@@ -96,7 +104,7 @@ def compress(model: nn.Module, threshold: Union[None, float, Dict[str, float]] =
             log-mode threshold for all), or a dict ``{"<layer name>.row": t, ...}`` (missing
             entries use the gap rule).
         use: the weights kept: posterior ``"mean"`` or ``"mode"``.
-        min_gap: passed to :func:`gap_threshold`.
+        min_separation: passed to :func:`gap_threshold`.
     """
     if not isinstance(model, nn.Sequential):
         raise TypeError("compress: model must be an nn.Sequential (the order of its layers defines which neurons "
@@ -118,9 +126,9 @@ def compress(model: nn.Module, threshold: Union[None, float, Dict[str, float]] =
             for side, lm in m.log_modes().items():
                 key = f"{names.get(id(m), '')}.{side}"
                 if isinstance(threshold, dict):
-                    t = threshold.get(key, gap_threshold(lm, min_gap))
+                    t = threshold.get(key, gap_threshold(lm, min_separation))
                 elif threshold is None:
-                    t = gap_threshold(lm, min_gap)
+                    t = gap_threshold(lm, min_separation)
                 else:
                     t = float(threshold)
                 keep = (lm > t).cpu()

@@ -63,10 +63,10 @@ class _Radial(BayesianModule):
 
     def weight_posterior(self) -> Radial:
         """``Radial(weight_mu, softplus(weight_rho))`` over the whole kernel."""
-        return Radial(self.weight_mu, self.weight_sigma)
+        return Radial(self.weight_mu, self.weight_sigma, validate_args=False)
 
     def bias_posterior(self) -> Optional[Radial]:
-        return None if self.bias_mu is None else Radial(self.bias_mu, self.bias_sigma)
+        return None if self.bias_mu is None else Radial(self.bias_mu, self.bias_sigma, validate_args=False)
 
     def kl_divergence(self) -> torch.Tensor:
         """KL(q || prior) of weight and bias: closed form for a Gaussian prior, the unbiased

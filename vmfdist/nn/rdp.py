@@ -139,26 +139,26 @@ class _RDPFactor(nn.Module):
         return F.normalize(self.direction, dim=-1)
 
     def direction_posterior(self) -> VonMisesFisher:
-        return VonMisesFisher(self.loc, self.concentration.expand(self.num_groups))
+        return VonMisesFisher(self.loc, self.concentration.expand(self.num_groups), validate_args=False)
 
     def direction_prior_distribution(self):
         if self.direction_prior == "uniform":
             return HypersphericalUniform(self.dim, (self.num_groups,), dtype=self.direction.dtype,
                                          device=self.direction.device)
-        return VonMisesFisher(self.loc.detach(), self.prior_concentration.expand(self.num_groups))
+        return VonMisesFisher(self.loc.detach(), self.prior_concentration.expand(self.num_groups), validate_args=False)
 
     def radius_posteriors(self):
         """LogNormal posteriors of (local a, local b, global a, global b)."""
-        return (LogNormal(self.local_a_loc, F.softplus(self.local_a_rho)),
-                LogNormal(self.local_b_loc, F.softplus(self.local_b_rho)),
-                LogNormal(self.global_a_loc, F.softplus(self.global_a_rho)),
-                LogNormal(self.global_b_loc, F.softplus(self.global_b_rho)))
+        return (LogNormal(self.local_a_loc, F.softplus(self.local_a_rho), validate_args=False),
+                LogNormal(self.local_b_loc, F.softplus(self.local_b_rho), validate_args=False),
+                LogNormal(self.global_a_loc, F.softplus(self.global_a_rho), validate_args=False),
+                LogNormal(self.global_b_loc, F.softplus(self.global_b_rho), validate_args=False))
 
     def radius_priors(self):
         half = torch.full_like(self.tau_local, 0.5)
         one = torch.ones_like(self.tau_local)
-        return (Gamma(half, self.tau_local.pow(-2)), InverseGamma(half, one),
-                Gamma(half, self.tau_global.pow(-2)), InverseGamma(half, one))
+        return (Gamma(half, self.tau_local.pow(-2), validate_args=False), InverseGamma(half, one, validate_args=False),
+                Gamma(half, self.tau_global.pow(-2), validate_args=False), InverseGamma(half, one, validate_args=False))
 
     def _log_radius_moments(self):
         """Location and variance of log r = log(s z) (log-normal)."""
@@ -339,7 +339,8 @@ class _RDP(BayesianModule):
     def bias_posterior(self):
         if self.bias_mu is None:
             return None
-        return Independent(Normal(self.bias_mu, F.softplus(self.bias_rho)), 1)
+        return Independent(Normal(self.bias_mu, F.softplus(self.bias_rho), validate_args=False), 1,
+                           validate_args=False)
 
     def kl_divergence(self) -> torch.Tensor:
         """Sum of the closed-form KLs: vMF directions, the four log-normal radius factors per
