@@ -29,7 +29,8 @@ NAME = "layers"
 def add_args(p):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="fewer rounds")
-    p.add_argument("--rounds", type=int, default=None)
+    p.add_argument("--rounds", type=int, default=None, help="rounds of the training-step jobs (default 20, quick 5)")
+    p.add_argument("--predict-rounds", type=int, default=None, help="rounds of the predict jobs (default 5, quick 2)")
 
 
 def _step_fn(layer, x, ours, num_data=50000.0):
@@ -93,7 +94,9 @@ def run(args) -> dict:
     except Exception:  # optional peer
         bt = None
     rounds = args.rounds or (5 if args.quick else 20)
-    result = {"meta": H.meta(args, packages=("bayesian-torch",), rounds=rounds), "steps": {}, "predict": {}}
+    p_rounds = args.predict_rounds or (2 if args.quick else 5)
+    result = {"meta": H.meta(args, packages=("bayesian-torch",), rounds=rounds, predict_rounds=p_rounds),
+              "steps": {}, "predict": {}}
     torch.manual_seed(0)
     inputs = {"linear": torch.randn(128, 512), "conv": torch.randn(32, 32, 16, 16)}
     for job, x in inputs.items():
@@ -120,7 +123,7 @@ def run(args) -> dict:
             with torch.no_grad():
                 return torch.stack([torch.softmax(model(x), -1) for _ in range(s)]).mean(0)
 
-        t = H.time_rounds({"batched": batched, "loop": loop}, rounds, verbose=False)
+        t = H.time_rounds({"batched": batched, "loop": loop}, p_rounds, verbose=False)
         result["predict"][kind] = {k: {"min": v["min"], "median": v["median"]} for k, v in t.items()}
         print(f"[predict {kind}] loop/batched = {t['loop']['min'] / t['batched']['min']:.2f}", flush=True)
     return result
@@ -131,8 +134,8 @@ def render(result) -> str:
 
     lines = H.header(result, "Bayesian layers", "python -m benchmarks.bench_layers", NAME)
     m = result["meta"]
-    lines.append(f"- {m['threads']} threads, {m.get('rounds')} interleaved rounds per job; times are the "
-                 "minimum over rounds (medians in the JSON).")
+    lines.append(f"- {m['threads']} threads; {m.get('rounds')} interleaved rounds per training-step job and "
+                 f"{m.get('predict_rounds')} per predict job; times are the minimum over rounds (medians in the JSON).")
     lb = m["load_before"][0]
     if lb > 0.5 * m["nproc"]:
         lines.append(f"- **The machine was shared and busy** (load average {lb:.1f} on {m['nproc']} logical cores "

@@ -158,7 +158,7 @@ def test_elbo_scaling_by_hand():
     elbo = vnn.ELBO(model, num_data=n_data, kl_weight=0.3)
     with vnn.deterministic(model, "mean"):
         out = model(x)
-    loss = elbo(out, y)
+    loss = elbo(out, y).detach()
     # by hand (numpy): cross-entropy of the logits, closed-form Gaussian KL
     logits = out.detach().numpy()
     nll = np.mean(scipy.special.logsumexp(logits, axis=1) - logits[np.arange(6), y.numpy()])
@@ -170,7 +170,7 @@ def test_elbo_scaling_by_hand():
     assert float(loss) == pytest.approx(nll + 0.3 * kl / n_data, rel=1e-12)
     # samples stacked on a leading dimension are averaged
     out3 = torch.stack([out, 2 * out])
-    loss3 = elbo(out3, y)
+    loss3 = elbo(out3, y).detach()
     l2 = 2 * logits
     nll2 = np.mean(scipy.special.logsumexp(l2, axis=1) - l2[np.arange(6), y.numpy()])
     assert float(loss3) == pytest.approx(0.5 * (nll + nll2) + 0.3 * kl / n_data, rel=1e-12)

@@ -114,8 +114,8 @@ class _RDPFactor(nn.Module):
         self.direction_prior = direction_prior
         rho = _softplus_inv(lognormal_sigma)
         var = lognormal_sigma ** 2  # of log r: (4 sigma^2) / 4
-        a_mean = float(torch.tensor(1.0 - init_eps))  # A_d(kappa_q)
-        target = norms.detach().to(dt).clamp_min(1e-20) / a_mean
+        # kappa_q solves A_d(kappa_q) = 1 - init_eps, so E[direction] = (1 - init_eps) mu
+        target = norms.detach().to(dt).clamp_min(1e-20) / (1.0 - init_eps)
         # E[r] = exp(m + var/2) = target; global m_s = 0 (a at its prior scale, b = 1/a),
         # local a at its prior scale tau_local^2, b carries the rest
         m = torch.log(target) - 0.5 * var
@@ -370,9 +370,8 @@ class _RDP(BayesianModule):
         """Initialise the posterior so that its mean is ``weight`` (and the bias mean ``bias``)."""
         if tuple(weight.shape) != tuple(self.weight_shape):
             raise ValueError(f"weight: expected shape {tuple(self.weight_shape)}, got {tuple(weight.shape)}")
-        dev, dt = self.row.direction.device if self.row is not None else self.column.direction.device, \
-            (self.row or self.column).direction.dtype
-        self._set_factors(weight.detach().to(device=dev, dtype=dt))
+        ref = (self.row if self.row is not None else self.column).direction
+        self._set_factors(weight.detach().to(device=ref.device, dtype=ref.dtype))
         if bias is not None and self.bias_mu is not None:
             self.bias_mu.copy_(bias)
 
