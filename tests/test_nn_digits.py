@@ -10,6 +10,16 @@ sklearn_datasets = pytest.importorskip("sklearn.datasets")
 sklearn_model_selection = pytest.importorskip("sklearn.model_selection")
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """These networks are tiny: per-op overhead dominates, and a second (spinning) OpenMP thread
+    only costs CPU time on a shared machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def digits():
     x, y = sklearn_datasets.load_digits(return_X_y=True)

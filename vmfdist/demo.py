@@ -128,6 +128,15 @@ def layers_demo(out: str = "demo_output", epochs: int = 20):
         print("\n(scikit-learn not installed: no Bayesian-layers demo)")
         return
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny networks: one thread is fastest (no spinning second thread)
+    try:
+        _layers_demo(out, epochs, load_digits, train_test_split)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _layers_demo(out, epochs, load_digits, train_test_split):
     x, y = load_digits(return_X_y=True)
     x = torch.tensor(x / 16.0, dtype=torch.float32).reshape(-1, 1, 8, 8)
     y = torch.tensor(y)
@@ -184,8 +193,12 @@ def layers_demo(out: str = "demo_output", epochs: int = 20):
     os.makedirs(out, exist_ok=True)
     modes = vnn.log_modes(rdp)
     panels = [(name, side, v) for name, d in modes.items() for side, v in d.items() if v.numel() > 1]
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.0), squeeze=False)
-    for ax, (name, side, v) in zip(axes[0], panels):
+    ncol = min(4, len(panels))
+    nrow = -(-len(panels) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.4 * ncol, 2.9 * nrow), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (name, side, v) in zip(axes.flat, panels):
         ax.hist(v.numpy(), bins=30, color="tab:blue")
         t = vnn.gap_threshold(v)
         if t > -float("inf"):
@@ -197,13 +210,13 @@ def layers_demo(out: str = "demo_output", epochs: int = 20):
     fig.tight_layout()
     fig.savefig(os.path.join(out, "rdp_log_modes.png"), dpi=110)
     plt.close(fig)
-    fig, ax = plt.subplots(figsize=(4.6, 4.2))
+    fig, ax = plt.subplots(figsize=(5.0, 4.4))
     ax.plot([0, 1], [0, 1], color="grey", linestyle="--", label="perfect calibration")
     for label, (_, pred) in results.items():
         conf, acc, count = vnn.calibration_bins(pred, yte, 15)
         m = count > 0
         ax.plot(conf[m].numpy(), acc[m].numpy(), marker="o", label=f"{label} (ECE {float(vnn.ece(pred, yte)):.3f})")
-    ax.set_xlabel("confidence (mean of the top predicted probability in the bin)")
+    ax.set_xlabel("confidence (mean top probability in the bin)")
     ax.set_ylabel("accuracy in the bin")
     ax.set_title("Reliability diagram, digits test set (15 bins)", fontsize=9)
     ax.legend(fontsize=7)
