@@ -13,8 +13,10 @@ Jobs (float32, CPU):
   step = out = layer(x); loss = out.square().mean() + KL / N; loss.backward()   (N = 50000)
   bayesian-torch's layers compute their KL inside forward (return_kl=True); ours call
   layer.kl_divergence().  Both use a N(0, 1) prior.
-  predict: an MLP 784-400-400-10 of one kind, batch 256, 32 samples: vmfdist.nn.predict (one
-  batched pass) vs `mean(softmax(model(x)) for 32 samples)` in a Python loop.
+  predict, 32 samples: vmfdist.nn.predict (one batched pass) vs `mean(softmax(model(x)) for 32
+  samples)` in a Python loop, on an MLP 784-400-400-10 with batch 256 (compute-bound: each
+  sample is ~0.25 GFLOP, so batching can only save per-call overhead and use threads better) and
+  on the digits LeNet 16-32-128 with batch 64 (overhead-bound: many small calls per sample).
 """
 from __future__ import annotations
 
@@ -106,26 +108,34 @@ def run(args) -> dict:
         t = H.time_rounds(fns, rounds, verbose=False)
         result["steps"][job] = {k: {"min": v["min"], "median": v["median"]} for k, v in t.items()}
 
-    def mlp(kind):
-        net = torch.nn.Sequential(torch.nn.Linear(784, 400), torch.nn.ReLU(), torch.nn.Linear(400, 400),
-                                  torch.nn.ReLU(), torch.nn.Linear(400, 10))
-        return vnn.to_bayesian(net, kind).eval()
+    def mlp():
+        return torch.nn.Sequential(torch.nn.Linear(784, 400), torch.nn.ReLU(), torch.nn.Linear(400, 400),
+                                   torch.nn.ReLU(), torch.nn.Linear(400, 10))
 
-    x = torch.randn(256, 784)
+    def lenet():
+        return torch.nn.Sequential(torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                                   torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                                   torch.nn.Flatten(), torch.nn.Linear(128, 128), torch.nn.ReLU(),
+                                   torch.nn.Linear(128, 10))
+
     s = 32
-    for kind in ("meanfield", "radial", "rdp"):
-        model = mlp(kind)
+    for net_name, make, x in (("MLP 784-400-400-10, batch 256", mlp, torch.randn(256, 784)),
+                              ("LeNet 16-32-128 on 8x8 images, batch 64", lenet, torch.randn(64, 1, 8, 8))):
+        result["predict"][net_name] = {}
+        for kind in ("meanfield", "radial", "rdp"):
+            model = vnn.to_bayesian(make(), kind).eval()
 
-        def batched(model=model):
-            return vnn.predict(model, x, s).probs
+            def batched(model=model, x=x):
+                return vnn.predict(model, x, s).probs
 
-        def loop(model=model):
-            with torch.no_grad():
-                return torch.stack([torch.softmax(model(x), -1) for _ in range(s)]).mean(0)
+            def loop(model=model, x=x):
+                with torch.no_grad():
+                    return torch.stack([torch.softmax(model(x), -1) for _ in range(s)]).mean(0)
 
-        t = H.time_rounds({"batched": batched, "loop": loop}, p_rounds, verbose=False)
-        result["predict"][kind] = {k: {"min": v["min"], "median": v["median"]} for k, v in t.items()}
-        print(f"[predict {kind}] loop/batched = {t['loop']['min'] / t['batched']['min']:.2f}", flush=True)
+            t = H.time_rounds({"batched": batched, "loop": loop}, p_rounds, verbose=False)
+            result["predict"][net_name][kind] = {k: {"min": v["min"], "median": v["median"]} for k, v in t.items()}
+            print(f"[predict {net_name} {kind}] loop/batched = {t['loop']['min'] / t['batched']['min']:.2f}",
+                  flush=True)
     return result
 
 
@@ -167,13 +177,14 @@ def render(result) -> str:
         rad = "RadialLinear" if job == "linear" else "RadialConv2d"
         targets.append((f"{job}: Radial / our mean-field reparam (target <= 1.3)",
                         rows[rad]["min"] / rows[mf]["min"], 1.3, False))
-    lines.append("## predict: 32 samples, MLP 784-400-400-10, batch 256\n")
-    t = H.Table("kind", "batched (predict)", "Python loop", "loop / batched")
-    for kind, v in result["predict"].items():
-        r = v["loop"]["min"] / v["batched"]["min"]
-        t.add(kind, H.fmt_time(v["batched"]["min"]), H.fmt_time(v["loop"]["min"]), H.fmt_ratio(r))
-        targets.append((f"predict {kind}: loop / batched (target >= 3)", r, 3.0, True))
-    lines.append(str(t))
+    for net_name, per_kind in result["predict"].items():
+        lines.append(f"## predict: 32 samples, {net_name}\n")
+        t = H.Table("kind", "batched (predict)", "Python loop", "loop / batched")
+        for kind, v in per_kind.items():
+            r = v["loop"]["min"] / v["batched"]["min"]
+            t.add(kind, H.fmt_time(v["batched"]["min"]), H.fmt_time(v["loop"]["min"]), H.fmt_ratio(r))
+            targets.append((f"predict {kind}, {net_name}: loop / batched (target >= 3)", r, 3.0, True))
+        lines.append(str(t))
     tt = H.Table("target", "measured", "met")
     for name, val, tgt, higher in targets:
         tt.add(name, H.fmt_ratio(val), "yes" if (val >= tgt if higher else val <= tgt) else "**no**")
