@@ -2,6 +2,7 @@
 nn.Linear / nn.Conv2d and bayesian-torch's layers, and predict() with 32 samples evaluated as one
 batch against a Python loop over samples.
 
+    python -m benchmarks.run layers [--threads 2] [--quick]      # the shared driver
     python -m benchmarks.bench_layers [--threads 2] [--quick] [--no-write]
 
 Writes docs/benchmarks/layers.{md,json} through benchmarks/harness.py.  All implementations of
@@ -29,8 +30,7 @@ NAME = "layers"
 
 
 def add_args(p):
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--quick", action="store_true", help="fewer rounds")
+    """Options of this area (benchmarks/run.py adds --threads, --quick, --out, --report)."""
     p.add_argument("--rounds", type=int, default=None, help="rounds of the training-step jobs (default 20, quick 5)")
     p.add_argument("--predict-rounds", type=int, default=None, help="rounds of the predict jobs (default 5, quick 2)")
 
@@ -194,6 +194,8 @@ def render(result) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="fewer rounds")
     add_args(ap)
     ap.add_argument("--no-write", action="store_true", help="print the report instead of writing docs/benchmarks")
     args = ap.parse_args(argv)
