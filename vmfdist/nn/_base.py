@@ -47,7 +47,7 @@ class _Prior(nn.Module):
     :meth:`distribution` returns the prior over a tensor of a given shape: an elementwise
     prior is broadcast to the shape and made ``Independent`` over all its dimensions; a
     prior whose ``batch_shape + event_shape`` already equals the shape (e.g. a
-    :class:`~vmfdist.distributions.Radial` over the whole tensor) is used as it is.
+    :class:`~vmfdist.distributions.radial.Radial` over the whole tensor) is used as it is.
     """
 
     def __init__(self, prior, name: str = "prior"):
@@ -223,6 +223,8 @@ class BayesianModule(nn.Module):
 
     # ---- evaluation ------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer applied to ``x`` with sampled weights (mode ``"sample"``) or the posterior
+        mean / mode."""
         if self._mode != "sample":
             w, b = self.point_weights(self._mode)
             return self._apply_weights(x, w, b)

@@ -35,9 +35,9 @@ def _matches(name: str, patterns) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
-def to_bayesian(model: nn.Module, kind: str = "meanfield", *, include: Optional[Sequence[str]] = None,
+def to_bayesian(model: torch.nn.Module, kind: str = "meanfield", *, include: Optional[Sequence[str]] = None,
                 exclude: Sequence[str] = (), last_layer_only: bool = False, init: str = "default",
-                delta: float = 0.1, sigma_min: float = 1e-6, inplace: bool = False, **layer_options) -> nn.Module:
+                delta: float = 0.1, sigma_min: float = 1e-6, inplace: bool = False, **layer_options) -> torch.nn.Module:
     """Replace ``nn.Linear`` / ``nn.Conv2d`` modules by Bayesian layers.
 
     Args:
@@ -105,7 +105,7 @@ def to_bayesian(model: nn.Module, kind: str = "meanfield", *, include: Optional[
 
 
 @torch.no_grad()
-def _init_from(new: BayesianModule, old: nn.Module, delta: float, sigma_min: float):
+def _init_from(new: BayesianModule, old: torch.nn.Module, delta: float, sigma_min: float):
     w = old.weight.detach()
     b = None if old.bias is None else old.bias.detach()
     if isinstance(new, (RDPLinear, RDPConv2d)):
@@ -123,7 +123,7 @@ def _rho(sigma, sigma_min):
     return s + torch.log(-torch.expm1(-s))  # softplus^-1
 
 
-def to_deterministic(model: nn.Module, use: str = "mean", inplace: bool = False) -> nn.Module:
+def to_deterministic(model: torch.nn.Module, use: str = "mean", inplace: bool = False) -> torch.nn.Module:
     """Replace every Bayesian layer by a plain ``nn.Linear`` / ``nn.Conv2d`` holding its
     posterior mean (``use="mean"``) or mode (``"mode"``)."""
     if use not in ("mean", "mode"):
@@ -142,7 +142,7 @@ def to_deterministic(model: nn.Module, use: str = "mean", inplace: bool = False)
 
 
 @torch.no_grad()
-def _plain(m: BayesianModule, use: str) -> nn.Module:
+def _plain(m: BayesianModule, use: str) -> torch.nn.Module:
     w, b = m.point_weights(use)
     fk = {"device": w.device, "dtype": w.dtype}
     if hasattr(m, "in_features"):

@@ -108,7 +108,7 @@ class GammaPrecisionGaussian(Likelihood):
     posterior :math:`q(\tau) = \mathrm{Gamma}(a_1, b_1)` learned with the network.
 
     Expected NLL: :math:`\tfrac12\log 2\pi - \tfrac12(\psi(a_1) - \log b_1) + \tfrac12\frac{a_1}{b_1}(y - f)^2`;
-    :meth:`kl` is :math:`\mathrm{KL}(q(\tau)\|p(\tau))`, added to the model's KL by :class:`ELBO`.
+    ``kl()`` is :math:`\mathrm{KL}(q(\tau)\|p(\tau))`, added to the model's KL by :class:`ELBO`.
     The predictive, integrating :math:`\tau` out, is a Student-t with :math:`2a_1` degrees of
     freedom and scale :math:`\sqrt{b_1/a_1}`.
     """
@@ -156,7 +156,7 @@ class ELBO(nn.Module):
     (detached), and ``elbo.step`` the number of training-mode calls.
     """
 
-    def __init__(self, model: nn.Module, num_data: int, likelihood: Optional[Likelihood] = None,
+    def __init__(self, model: torch.nn.Module, num_data: int, likelihood: Optional[Likelihood] = None,
                  kl_weight: Union[float, Callable[[int], float]] = 1.0, check_finite: bool = True):
         super().__init__()
         if num_data is None:
@@ -188,6 +188,7 @@ class ELBO(nn.Module):
         return self.kl_weight
 
     def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The loss (a scalar tensor); the parts are left in ``nll``, ``kl`` and ``kl_weight_value``."""
         if self.check_finite:
             check_finite(self.model)
             check_finite(self.likelihood)

@@ -13,7 +13,7 @@ from ._base import BayesianModule, _check_mode
 __all__ = ["bayesian_modules", "kl_divergence", "deterministic", "sample_forward", "check_finite"]
 
 
-def bayesian_modules(model: nn.Module) -> Iterator[Tuple[str, BayesianModule]]:
+def bayesian_modules(model: torch.nn.Module) -> Iterator[Tuple[str, BayesianModule]]:
     """``(name, layer)`` for every Bayesian layer of ``model`` (itself included)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -22,7 +22,7 @@ def bayesian_modules(model: nn.Module) -> Iterator[Tuple[str, BayesianModule]]:
             yield name, m
 
 
-def kl_divergence(model: nn.Module) -> torch.Tensor:
+def kl_divergence(model: torch.nn.Module) -> torch.Tensor:
     """Sum of :meth:`kl_divergence` over all Bayesian layers of ``model`` (a scalar tensor;
     0 for a model without Bayesian layers)."""
     total = None
@@ -37,7 +37,7 @@ def kl_divergence(model: nn.Module) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def deterministic(model: nn.Module, use: str = "mean"):
+def deterministic(model: torch.nn.Module, use: str = "mean"):
     """``with deterministic(model, use="mean" | "mode"):`` every Bayesian layer uses its
     posterior mean (or mode) instead of sampling; the previous modes are restored on exit."""
     if use not in ("mean", "mode"):
@@ -53,7 +53,7 @@ def deterministic(model: nn.Module, use: str = "mean"):
             m.set_mode(mode)
 
 
-def set_mode(model: nn.Module, mode: str) -> nn.Module:
+def set_mode(model: torch.nn.Module, mode: str) -> torch.nn.Module:
     """Put every Bayesian layer of ``model`` in ``mode`` (``"sample"``, ``"mean"``, ``"mode"``)."""
     _check_mode(mode)
     for _, m in bayesian_modules(model):
@@ -62,7 +62,7 @@ def set_mode(model: nn.Module, mode: str) -> nn.Module:
 
 
 @contextlib.contextmanager
-def _folded(model: nn.Module, num_samples: int):
+def _folded(model: torch.nn.Module, num_samples: int):
     layers = [m for _, m in bayesian_modules(model)]
     old = [m._num_samples for m in layers]
     try:
@@ -74,7 +74,7 @@ def _folded(model: nn.Module, num_samples: int):
             m._num_samples = n
 
 
-def sample_forward(model: nn.Module, x: torch.Tensor, num_samples: int) -> torch.Tensor:
+def sample_forward(model: torch.nn.Module, x: torch.Tensor, num_samples: int) -> torch.Tensor:
     """Outputs of ``num_samples`` independent weight samples, evaluated as one batch:
     ``x`` (batch first) is repeated ``num_samples`` times along dimension 0, every Bayesian
     layer draws ``num_samples`` weight tensors at once and applies sample ``s`` to copy
@@ -99,7 +99,7 @@ def sample_forward(model: nn.Module, x: torch.Tensor, num_samples: int) -> torch
     return out.reshape((num_samples, b) + tuple(out.shape[1:]))
 
 
-def check_finite(module: nn.Module) -> None:
+def check_finite(module: torch.nn.Module) -> None:
     """Raise ``FloatingPointError`` naming the first parameter of ``module`` that holds a NaN
     or an infinity (one device synchronisation for the whole model)."""
     params = [(n, p) for n, p in module.named_parameters()]

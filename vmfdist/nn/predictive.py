@@ -35,7 +35,7 @@ class PredictiveCategorical(_TorchCategorical):
 
 
 @torch.no_grad()
-def predict(model: nn.Module, x: torch.Tensor, num_samples: int = 32, likelihood: Optional[Likelihood] = None):
+def predict(model: torch.nn.Module, x: torch.Tensor, num_samples: int = 32, likelihood: Optional[Likelihood] = None):
     """Monte Carlo predictive of ``model`` at ``x`` from ``num_samples`` weight samples,
     evaluated as one batch.  ``likelihood``: :class:`Categorical` (default; the output is
     logits), :class:`Gaussian` or :class:`GammaPrecisionGaussian` (the output is the mean,

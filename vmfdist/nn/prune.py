@@ -40,7 +40,7 @@ from .rdp import _RDP
 __all__ = ["log_modes", "gap_threshold", "compress", "count_flops", "count_parameters", "architecture"]
 
 
-def log_modes(model: nn.Module) -> Dict[str, Dict[str, torch.Tensor]]:
+def log_modes(model: torch.nn.Module) -> Dict[str, Dict[str, torch.Tensor]]:
     """``{layer name: {"row": log-modes, "column": log-modes}}`` for every RDP layer."""
     return {name: m.log_modes() for name, m in bayesian_modules(model) if isinstance(m, _RDP)}
 
@@ -68,7 +68,7 @@ def gap_threshold(values: torch.Tensor, min_separation: float = 2.0) -> float:
     return float(0.5 * (s[i] + s[i + 1]))
 
 
-def _flatten_modules(model: nn.Module):
+def _flatten_modules(model: torch.nn.Module):
     if isinstance(model, nn.Sequential):
         out = []
         for m in model:
@@ -92,8 +92,8 @@ def _sizes(m):
     return (m.in_channels, m.out_channels) if _is_conv(m) else (m.in_features, m.out_features)
 
 
-def compress(model: nn.Module, threshold: Union[None, float, Dict[str, float]] = None, use: str = "mean",
-             min_separation: float = 2.0) -> nn.Sequential:
+def compress(model: torch.nn.Module, threshold: Union[None, float, Dict[str, float]] = None, use: str = "mean",
+             min_separation: float = 2.0) -> torch.nn.Sequential:
     """A smaller plain ``nn.Sequential`` with the pruned neurons of an RDP model removed.
 
     Args:
@@ -215,7 +215,7 @@ def _slice_bn(bn, keep):
     return new.to(bn.weight.device if bn.affine else None)
 
 
-def count_parameters(model: nn.Module) -> int:
+def count_parameters(model: torch.nn.Module) -> int:
     """Number of weights and biases of the Linear/Conv2d layers (Bayesian layers count their
     weight tensor and bias, not their variational parameters)."""
     total = 0
@@ -229,7 +229,7 @@ def count_parameters(model: nn.Module) -> int:
 
 
 @torch.no_grad()
-def count_flops(model: nn.Module, input_shape: Sequence[int]) -> int:
+def count_flops(model: torch.nn.Module, input_shape: Sequence[int]) -> int:
     """FLOPs of one forward pass of one example of shape ``input_shape`` (no batch
     dimension), with the paper's formulas (module docstring)."""
     total = [0]
@@ -259,7 +259,7 @@ def count_flops(model: nn.Module, input_shape: Sequence[int]) -> int:
     return int(total[0])
 
 
-def architecture(model: nn.Module) -> str:
+def architecture(model: torch.nn.Module) -> str:
     """Layer widths as in the paper's tables (LeNet-5: ``"20-50-800-500"``): output channels
     of each convolution, then the inputs of the first fully-connected layer and the outputs
     of each fully-connected layer but the last."""

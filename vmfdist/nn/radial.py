@@ -1,19 +1,19 @@
 r"""Radial BNN layers (Farquhar, Osborne & Gal, 2020).
 
 The weight tensor :math:`W \in \mathbb R^D` (the whole kernel, all :math:`D` elements) has the
-posterior :class:`~vmfdist.distributions.Radial`:
+posterior :class:`~vmfdist.distributions.radial.Radial`:
 
 .. math::  W = \mu + \sigma \odot \frac{\epsilon}{\|\epsilon\|}\, r,\qquad
            \epsilon \sim \mathcal N(0, I_D),\ r \sim \mathcal N(0, 1),\ \sigma = \mathrm{softplus}(\rho),
 
-drawn by the fused compiled op :func:`~vmfdist.distributions.radial_noise` (one normalisation
+drawn by the fused compiled op :func:`~vmfdist.distributions.radial.radial_noise` (one normalisation
 over the whole tensor per sample); the bias has its own, separate Radial posterior.
 
 The KL to a Gaussian prior is the closed form registered for ``Radial || Independent(Normal)``
 (entropy of the Radial distribution in closed form, and the Gaussian cross-entropy, which
-only needs :math:`E[v_i^2] = 1/D`).  With a :class:`~vmfdist.distributions.Radial` prior there is
+only needs :math:`E[v_i^2] = 1/D`).  With a :class:`~vmfdist.distributions.radial.Radial` prior there is
 no closed form; the layer then uses the unbiased Monte Carlo estimate
-:func:`~vmfdist.distributions.kl_radial_radial` evaluated with the exact Radial log-density of
+:func:`~vmfdist.distributions.radial.kl_radial_radial` evaluated with the exact Radial log-density of
 the prior at the sampled weights (not the paper's appendix-C cross-entropy, which lacks the
 Jacobian between the two noise spaces).
 """
@@ -94,7 +94,7 @@ class RadialLinear(_LinearOps, _Radial):
     Args:
         prior: weight prior: a float ``s`` (:math:`\mathcal N(0, s^2)`, default 1.0), a
             ``torch.distributions`` distribution with a registered KL from ``Radial``
-            (e.g. ``Normal``), or a :class:`~vmfdist.distributions.Radial` over the weight shape
+            (e.g. ``Normal``), or a :class:`~vmfdist.distributions.radial.Radial` over the weight shape
             (Monte Carlo KL).  Stored in the ``state_dict``.
         bias_prior: prior of the bias (default: ``prior``; a Radial weight prior needs an
             explicit bias prior of the bias shape).

@@ -10,7 +10,7 @@ columns (``"column"``: for a convolution, one group per input channel with the
 
 with one concentration :math:`\kappa` per layer and grouping, and :math:`\mu_g = v_g/\|v_g\|`
 (an unconstrained parameter :math:`v_g`: no projection step is needed, and since
-:class:`~vmfdist.distributions.VonMisesFisher` has unbiased reparameterised gradients in
+:class:`~vmfdist.distributions.von_mises_fisher.VonMisesFisher` has unbiased reparameterised gradients in
 :math:`\mu` and :math:`\kappa`, no correction term either).  The radius factors have
 half-Cauchy priors, :math:`z_g \sim \mathcal C^+(\tau_\text{local})` and
 :math:`s \sim \mathcal C^+(\tau_\text{global})`, written as scale mixtures:
@@ -377,7 +377,7 @@ class _RDP(BayesianModule):
 
 
 _RDP_DOC_OPTIONS = r"""
-    Keyword options:
+    Args:
         grouping: ``"row"`` (default), ``"column"`` or ``"double"`` (paper §3.3).
         tau_local, tau_global: half-Cauchy scales of the local and global radius factors
             (defaults 1e-2 and 1e-3, the paper's).
