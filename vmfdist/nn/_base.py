@@ -184,8 +184,8 @@ class BayesianModule(nn.Module):
 
     Every layer has a mode (``"sample"``: draw new weights on every forward, the default;
     ``"mean"`` / ``"mode"``: use the posterior mean / mode), :meth:`kl_divergence` (a
-    scalar: the sum over all its weights) and :meth:`weight_posterior` /
-    :meth:`bias_posterior` (distribution objects).
+    scalar: the sum over all its weights) and ``weight_posterior()`` /
+    ``bias_posterior()`` (distribution objects).
     """
 
     def __init__(self):
