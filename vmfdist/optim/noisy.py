@@ -56,7 +56,7 @@ from ..curvature import (KFACHooks, check_finite, damped_kfac_eigenvalues, eigen
                          trace_norm_pi, weight_matrix)
 from ..curvature.layers import layer_shape
 from ..distributions import EigenvalueCorrectedMatrixNormal, MatrixNormal
-from ..ops import kron_eigen_matvec, kron_eigen_sample
+from ..linalg import kron_eigen_matvec, kron_eigen_sample
 
 __all__ = ["NoisyKFAC", "NoisyEKFAC", "PRESETS"]
 
