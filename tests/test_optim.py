@@ -260,3 +260,17 @@ def test_trains_cnn_on_digits(cls, one_thread):
             assert math.isfinite(float(loss))
     acc = float((opt.predictive(Xte, n_samples=10).argmax(1) == yte).float().mean())
     assert acc > 0.6, acc
+
+
+def test_graph_free_op_calls_match_the_public_functions():
+    """The optimizer calls the compiled ops below the autograd layer; same bits as vmfdist.linalg's functions."""
+    from vmfdist.linalg import kron_eigen_matvec, kron_eigen_sample
+    from vmfdist.optim.noisy import _matvec_now, _sample_now
+
+    g = torch.Generator().manual_seed(0)
+    qg = torch.linalg.qr(torch.randn(5, 5, generator=g))[0].contiguous()
+    qa = torch.linalg.qr(torch.randn(3, 3, generator=g))[0].contiguous()
+    s, v, m = torch.rand(5, 3, generator=g) + 0.1, torch.randn(5, 3, generator=g), torch.randn(5, 3, generator=g)
+    assert torch.equal(_matvec_now(qg, qa, s, v, -1.0), kron_eigen_matvec(qg, qa, s, v, -1.0))
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    assert torch.equal(_sample_now(m, qg, qa, s, g1), kron_eigen_sample(m, qg, qa, s, generator=g2))

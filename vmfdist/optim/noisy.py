@@ -56,7 +56,8 @@ from ..curvature import (KFACHooks, check_finite, damped_kfac_eigenvalues, eigen
                          trace_norm_pi, weight_matrix)
 from ..curvature.layers import layer_shape
 from ..distributions import EigenvalueCorrectedMatrixNormal, MatrixNormal
-from ..linalg import kron_eigen_matvec, kron_eigen_sample
+from .._ops import lib
+from .._ops.random import draw_seed_offset
 
 __all__ = ["NoisyKFAC", "NoisyEKFAC", "PRESETS"]
 
@@ -83,6 +84,27 @@ def _mix64(*xs: int) -> int:
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
         h = z ^ (z >> 31)
     return h & 0x7FFFFFFFFFFFFFFF
+
+
+def _below_autograd():
+    """The optimizer's own sampling and preconditioning need no autograd graph: skip the Python
+    autograd layer of the custom ops (it costs about as much as the op on small layers)."""
+    guard = getattr(torch._C, "_AutoDispatchBelowAutograd", None)
+    return guard() if guard is not None else contextlib.nullcontext()
+
+
+def _sample_now(loc, q_out, q_in, variance, generator):
+    """``kron_eigen_sample(loc, q_out, q_in, variance, generator=generator)`` (one sample, same
+    bits, no graph)."""
+    seed, offset = draw_seed_offset(generator, loc.device)
+    with torch.no_grad(), _below_autograd():
+        return lib.kron_eigen_sample(loc, q_out, q_in, variance, 1, seed, offset)[0]
+
+
+def _matvec_now(q_out, q_in, scale, v, power):
+    """``kron_eigen_matvec(q_out, q_in, scale, v, power)`` without a graph."""
+    with torch.no_grad(), _below_autograd():
+        return lib.kron_eigen_matvec(q_out, q_in, scale, v, float(power))
 
 
 def _dist_info():
@@ -264,7 +286,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         return MatrixNormal(mean, 0.5 * (row + row.T), 0.5 * (col + col.T))
 
     def _sample_layer(self, st, mean, generator):
-        return kron_eigen_sample(mean, st["q_g"], st["q_a"], self._posterior_variance(st), generator=generator)
+        return _sample_now(mean, st["q_g"], st["q_a"], self._posterior_variance(st), generator)
 
     @contextlib.contextmanager
     def sampled_weights(self, generator: Optional[torch.Generator] = None):
@@ -370,7 +392,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         # one backward for the loss and the sampled-label statistics (the batch is stacked with
         # itself; the weight gradients come from the hooks) unless other parameters need .grad
         stacked = need_acts and not self.other_params and self.fisher_type in ("mc", "empirical")
-        total_nll = 0.0
+        total_nll = None
         hooks = self._hooks
         try:
             for j in range(P):
@@ -433,7 +455,8 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                             g = torch.cat([g, b.unsqueeze(1)], 1)
                             bi += 1
                         grads[n] = g if grads[n] is None else grads[n] + g
-                total_nll += float(nll.detach())
+                nll = nll.detach()
+                total_nll = nll if total_nll is None else total_nll + nll
                 if need_acts:
                     for n, m in layers.items():
                         a = input_patches(m, hooks.inputs[n])
@@ -477,8 +500,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
             w_bar[n] = means[n] if not self.noise else (w_sum[n] if P == 1 else w_sum[n] / P)
             if world > 1 and self.noise:
                 w_bar[n] = avg(w_bar[n].clone())
-        loss = torch.tensor(total_nll / B, dtype=means[next(iter(layers))].dtype)
-        loss = avg(loss)
+        loss = avg(total_nll / B)
 
         # ---- statistics, bases, re-scaling -------------------------------------------------------------------------
         if do_stats:
@@ -533,7 +555,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                 curv = st["S"] + self.gamma
             else:
                 curv = damped_kfac_eigenvalues(st["d_g"], st["d_a"], self.gamma, st["pi"])
-            d = kron_eigen_matvec(st["q_g"], st["q_a"], curv, v, -1.0)
+            d = _matvec_now(st["q_g"], st["q_a"], curv, v, -1.0)
             deltas[n], vs[n] = d, v
             dv = (d * v).sum()
             check = dv if check is None else check + dv
