@@ -218,6 +218,8 @@ class KFACHooks:
 def input_factor(a: torch.Tensor, kfac_approx: str = "expand") -> torch.Tensor:
     """:math:`\\sum_n \\frac1T\\sum_t a a^T` (expand) or :math:`\\sum_n \\bar a_n\\bar a_n^T` (reduce) from
     patches ``(batch, T, in)``: a *sum* over the batch."""
+    if a.shape[1] == 1:
+        return a[:, 0].mT @ a[:, 0]
     if kfac_approx == "expand":
         flat = a.reshape(-1, a.shape[-1])
         return (flat.mT @ flat) / a.shape[1]
@@ -228,6 +230,8 @@ def input_factor(a: torch.Tensor, kfac_approx: str = "expand") -> torch.Tensor:
 def gradient_factor(g: torch.Tensor, kfac_approx: str = "expand") -> torch.Tensor:
     """:math:`\\sum_n\\sum_t g g^T` (expand) or :math:`\\sum_n (\\sum_t g)(\\sum_t g)^T` (reduce) from
     ``(batch, T, out)``: a sum over the batch."""
+    if g.shape[1] == 1:
+        return g[:, 0].mT @ g[:, 0]
     if kfac_approx == "expand":
         flat = g.reshape(-1, g.shape[-1])
         return flat.mT @ flat
@@ -239,10 +243,10 @@ def per_example_second_moments(a: torch.Tensor, g: torch.Tensor, q_a: torch.Tens
                                ) -> torch.Tensor:
     r""":math:`\sum_n \big(Q_G^T(\sum_t g_{n,t}a_{n,t}^T)Q_A\big)^{\odot 2}`, an ``(out, in)`` matrix (a sum
     over the batch): the per-example gradient is summed over locations before squaring."""
+    if a.shape[1] == 1:
+        return (g[:, 0] @ q_g).square_().mT @ (a[:, 0] @ q_a).square_()
     gp = g @ q_g  # (B, T, out)
     ap = a @ q_a  # (B, T, in)
-    if a.shape[1] == 1:
-        return gp[:, 0, :].pow(2).mT @ ap[:, 0, :].pow(2)
     per = gp.mT @ ap  # (B, out, in)
     return per.pow(2).sum(0)
 

@@ -101,6 +101,12 @@ def _sample_now(loc, q_out, q_in, variance, generator):
         return lib.kron_eigen_sample(loc, q_out, q_in, variance, 1, seed, offset)[0]
 
 
+def _sample_seeded(loc, q_out, q_in, variance, seed: int):
+    """One sample of ``kron_eigen_sample`` from the Philox stream ``(seed, offset 0)``, no graph."""
+    with torch.no_grad(), _below_autograd():
+        return lib.kron_eigen_sample(loc, q_out, q_in, variance, 1, seed, 0)[0]
+
+
 def _matvec_now(q_out, q_in, scale, v, power):
     """``kron_eigen_matvec(q_out, q_in, scale, v, power)`` without a graph."""
     with torch.no_grad(), _below_autograd():
@@ -401,8 +407,11 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                 xs, ys = inputs[j * chunk:(j + 1) * chunk], targets[j * chunk:(j + 1) * chunk]
                 if self.noise:
                     with torch.no_grad():
-                        for n, m in layers.items():
-                            w = self._sample_layer(self.state[m.weight], means[n], gen)
+                        for li, (n, m) in enumerate(layers.items()):
+                            st = self.state[m.weight]
+                            # Philox stream keyed by (seed, step, share of the global batch, layer)
+                            w = _sample_seeded(means[n], st["q_g"], st["q_a"], self._posterior_variance(st),
+                                               _mix64(self.seed, k, rank * P + j, li, 1))
                             mats[n].copy_(w)
                             w_sum[n] = w if w_sum[n] is None else w_sum[n] + w
                 hooks.clear()
@@ -459,14 +468,20 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                 total_nll = nll if total_nll is None else total_nll + nll
                 if need_acts:
                     for n, m in layers.items():
-                        a = input_patches(m, hooks.inputs[n])
-                        gl = [output_grads(m, g) for g in hooks.grads[n]]
+                        x_in = hooks.inputs[n]
+                        g_out = hooks.grads[n]
                         if stacked:
-                            a = a[:chunk]
-                            g_loss, g_stat = gl[0][:chunk], gl[0][chunk:]
-                            gm = g_loss.flatten(0, 1).mT @ a.flatten(0, 1)
+                            a = input_patches(m, x_in[:chunk])
+                            g_both = output_grads(m, g_out[0])
+                            g_loss, gl = g_both[:chunk], [g_both[chunk:]]
+                            if a.shape[1] == 1:
+                                gm = g_loss[:, 0].mT @ a[:, 0]
+                            else:
+                                gm = g_loss.flatten(0, 1).mT @ a.flatten(0, 1)
                             grads[n] = gm if grads[n] is None else grads[n] + gm
-                            gl = [g_stat]
+                        else:
+                            a = input_patches(m, x_in)
+                            gl = [output_grads(m, g) for g in g_out]
                         if do_stats:
                             fa = input_factor(a, self.kfac_approx)
                             fg = gradient_factor(gl[0], self.kfac_approx)
@@ -509,8 +524,10 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
             for n, m in layers.items():
                 st = self.state[m.weight]
                 # new tensors, not in-place: a state_dict() taken earlier must not change
-                st["A"] = torch.add(st["A"] * (1 - wgt), avg(a_sum[n] / B), alpha=wgt)
-                st["G"] = torch.add(st["G"] * (1 - wgt), avg(g_sum[n] / B), alpha=wgt)
+                if world > 1:
+                    a_sum[n], g_sum[n] = avg(a_sum[n]), avg(g_sum[n])
+                st["A"] = (st["A"] * (1 - wgt)).add_(a_sum[n], alpha=wgt / B)
+                st["G"] = (st["G"] * (1 - wgt)).add_(g_sum[n], alpha=wgt / B)
         if do_inv:
             for n, m in layers.items():
                 st = self.state[m.weight]
@@ -542,7 +559,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                     for g in gs:
                         v = per_example_second_moments(a, g, st["q_a"], st["q_g"])
                         s = v if s is None else s + v
-                st["S"] = torch.add(st["S"] * (1 - wgt), avg(s / B), alpha=wgt)
+                st["S"] = (st["S"] * (1 - wgt)).add_(avg(s), alpha=wgt / B)
 
         # ---- the mean step ----------------------------------------------------------------------------------------
         deltas = {}
@@ -557,7 +574,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                 curv = damped_kfac_eigenvalues(st["d_g"], st["d_a"], self.gamma, st["pi"])
             d = _matvec_now(st["q_g"], st["q_a"], curv, v, -1.0)
             deltas[n], vs[n] = d, v
-            dv = (d * v).sum()
+            dv = torch.dot(d.reshape(-1), v.reshape(-1))
             check = dv if check is None else check + dv
         vg = float(check)
         if not math.isfinite(vg):
