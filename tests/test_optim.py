@@ -274,3 +274,12 @@ def test_graph_free_op_calls_match_the_public_functions():
     assert torch.equal(_matvec_now(qg, qa, s, v, -1.0), kron_eigen_matvec(qg, qa, s, v, -1.0))
     g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
     assert torch.equal(_sample_now(m, qg, qa, s, g1), kron_eigen_sample(m, qg, qa, s, generator=g2))
+
+
+def test_non_finite_step_names_the_layer():
+    m = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    opt = NoisyEKFAC(m, 10, "classification", T_stats=1, T_inv=1, T_scale=1)
+    X = torch.randn(4, 3)
+    X[0, 0] = float("nan")
+    with pytest.raises(FloatingPointError, match=r"layer '0'"):
+        opt.step(X, torch.tensor([0, 1, 0, 1]))

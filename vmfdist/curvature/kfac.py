@@ -151,6 +151,8 @@ def output_gradients(output: torch.Tensor, target: Optional[torch.Tensor], likel
     for _ in range(mc_samples):
         if likelihood == "classification":
             p = f.softmax(-1)
+            if not bool(torch.isfinite(p).all()):
+                raise FloatingPointError("non-finite model output: cannot sample labels from the predictive")
             y = p.multinomial(1, generator=generator).squeeze(-1)
             out.append(w * (p - torch.nn.functional.one_hot(y, f.shape[1]).to(f.dtype)))
         else:

@@ -362,6 +362,12 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                              f"{tuple(target.shape)}")
         return target.to(out.dtype)
 
+    def _name_non_finite_input(self):
+        for n in self.layers:
+            x = self._hooks.inputs.get(n)
+            if x is not None and not bool(torch.isfinite(x).all()):
+                raise FloatingPointError(f"non-finite input to layer {n!r} (check the data and the learning rate)")
+
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One step on a batch: returns the mean negative log-likelihood at the sampled weights
         (the data term of the negative ELBO per example, detached).  Under torch.distributed,
@@ -434,8 +440,12 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                         onehot = nn.functional.one_hot(ys.long(), f.shape[1]).to(f.dtype)
                         e_loss = (logp.exp() - onehot) / B
                         nll = -(logp * onehot).sum()
-                    e_stat = output_gradients(out2[chunk:], ys, self.likelihood, self.fisher_type,
-                                              self.sigma_noise, 1, gen)[0]
+                    try:
+                        e_stat = output_gradients(out2[chunk:], ys, self.likelihood, self.fisher_type,
+                                                  self.sigma_noise, 1, gen)[0]
+                    except FloatingPointError:
+                        self._name_non_finite_input()
+                        raise
                     torch.autograd.grad(out2, weights, grad_outputs=torch.cat([e_loss, e_stat.to(out.dtype)]))
                 else:
                     out = self.model(xs)
@@ -443,7 +453,12 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                         raise ValueError(f"the model output must have shape (batch, outputs), got {tuple(out.shape)}")
                     ys = self._check_targets(out, ys)
                     if need_acts:
-                        es = output_gradients(out, ys, self.likelihood, self.fisher_type, self.sigma_noise, 1, gen)
+                        try:
+                            es = output_gradients(out, ys, self.likelihood, self.fisher_type, self.sigma_noise, 1,
+                                                  gen)
+                        except FloatingPointError:
+                            self._name_non_finite_input()
+                            raise
                         for e in es:
                             torch.autograd.grad(out, weights, grad_outputs=e.to(out.dtype), retain_graph=True)
                     hooks.record_grads = False
