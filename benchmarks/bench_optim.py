@@ -81,13 +81,13 @@ def _fns(job):
 
 def run(args):
     rounds = args.repeats or (3 if args.quick else 7)
+    meta = H.meta(args, rounds=rounds)  # before timing: load_before and the start time
     rows = {}
     for job in ("uci", "cnn"):
         j = _job(job, args.quick)
         res = H.time_rounds(_fns(j), rounds, verbose=False)
         rows[job] = {k: {"min": v["min"] / j["steps"], "median": v["median"] / j["steps"]} for k, v in res.items()}
         rows[job]["_steps"] = j["steps"]
-    meta = H.meta(args, rounds=rounds)
     return {"meta": meta, "rows": rows}
 
 
