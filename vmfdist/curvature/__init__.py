@@ -1,6 +1,6 @@
 """Kronecker-factored curvature (K-FAC, EK-FAC) of ``nn.Linear`` and ``nn.Conv2d`` layers.
 
-Shared by :mod:`vmfdist.optim` (noisy K-FAC / EK-FAC) and :mod:`vmfdist.laplace`; imports
+Shared by :mod:`vmfdist.optim` (noisy K-FAC / EK-FAC) and ``vmfdist.laplace``; imports
 neither.  Main entry point: :func:`compute_kfac` (factors over a data set);
 :class:`KFACHooks`, :func:`output_gradients`, :func:`input_factor`,
 :func:`gradient_factor` and :func:`per_example_second_moments` are the building blocks for

@@ -34,7 +34,7 @@ and ``"regression"`` (Gaussian with standard deviation ``sigma_noise``: :math:`-
 :math:`S = \frac1N\sum_n \big(Q_G^T(\sum_t g_{n,t}a_{n,t}^T)Q_A\big)^{\odot 2}`: for a convolution
 the gradient is summed over locations *before* squaring (George et al. 2018).
 
-The entry point for other modules (e.g. :mod:`vmfdist.laplace`) is :func:`compute_kfac`.
+The entry point for other modules (e.g. ``vmfdist.laplace``) is :func:`compute_kfac`.
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def _check_choice(name, value, choices):
         raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
 
 
-def resolve_loss(likelihood: Optional[str] = None, sigma_noise: float = 1.0, loss_func: Optional[nn.Module] = None,
+def resolve_loss(likelihood: Optional[str] = None, sigma_noise: float = 1.0, loss_func: Optional[torch.nn.Module] = None,
                  num_outputs: Optional[int] = None) -> Tuple[str, float, str]:
     """``(likelihood, sigma_noise, reduction)`` from either a likelihood name or a torch loss.
 
@@ -164,11 +164,11 @@ def output_gradients(output: torch.Tensor, target: Optional[torch.Tensor], likel
 class KFACHooks:
     """Forward pre-hooks keep each layer's input; forward hooks put a tensor hook on each
     layer's output that keeps its gradient (a list, one entry per backward pass) while
-    :attr:`record_grads` is true.  Tensor hooks see the gradient of the layer output even
-    when an in-place activation follows.  Use as a context manager or call :meth:`remove`.
+    ``record_grads`` is true.  Tensor hooks see the gradient of the layer output even
+    when an in-place activation follows.  Use as a context manager or call ``remove()``.
     """
 
-    def __init__(self, layers: Dict[str, nn.Module]):
+    def __init__(self, layers: Dict[str, torch.nn.Module]):
         self.layers = dict(layers)
         self.inputs: Dict[str, torch.Tensor] = {}
         self.grads: Dict[str, List[torch.Tensor]] = {n: [] for n in self.layers}
@@ -260,7 +260,7 @@ class LayerFactors:
     second moments in the basis ``q_g``, ``q_a``) when requested."""
 
     name: str
-    module: nn.Module
+    module: torch.nn.Module
     A: torch.Tensor
     G: torch.Tensor
     num_data: int
@@ -322,9 +322,9 @@ def _layer_params(layers):
     return ps
 
 
-def compute_kfac(model: nn.Module, data: Iterable, likelihood: Optional[str] = None, *, sigma_noise: float = 1.0,
+def compute_kfac(model: torch.nn.Module, data: Iterable, likelihood: Optional[str] = None, *, sigma_noise: float = 1.0,
                  fisher_type: str = "type-2", kfac_approx: str = "expand", mc_samples: int = 1,
-                 loss_func: Optional[nn.Module] = None, modules=None, num_data: Optional[int] = None,
+                 loss_func: Optional[torch.nn.Module] = None, modules=None, num_data: Optional[int] = None,
                  ekfac: bool = False, min_eigenvalue: float = 0.0, generator: Optional[torch.Generator] = None,
                  seed: Optional[int] = None) -> KFACResult:
     """K-FAC (and optionally EK-FAC) factors of every ``nn.Linear`` / ``nn.Conv2d`` of ``model``
@@ -360,9 +360,9 @@ def compute_kfac(model: nn.Module, data: Iterable, likelihood: Optional[str] = N
         dtype with :math:`G\\otimes A` the curvature per data point.
 
     Raises:
-        ValueError for unsupported layers (named, with the list of supported ones), bad
-        options or a mis-scaling loss; ``FloatingPointError`` naming the layer when a factor
-        is not finite.
+        ValueError: an unsupported layer (named, with the list of supported ones), a bad
+            option or a loss that would mis-scale the Fisher.
+        FloatingPointError: a factor that is not finite (the layer is named).
     """
     _check_choice("fisher_type", fisher_type, FISHER_TYPES)
     _check_choice("kfac_approx", kfac_approx, KFAC_APPROX)

@@ -30,7 +30,7 @@ SUPPORTED_LAYERS: Tuple[type, ...] = (nn.Linear, nn.Conv2d)
 _SUPPORTED_NAMES = "nn.Linear, nn.Conv2d (groups=1, padding_mode='zeros')"
 
 
-def check_layer(name: str, module: nn.Module) -> None:
+def check_layer(name: str, module: torch.nn.Module) -> None:
     """Raise a ``ValueError`` naming ``name`` when ``module`` cannot carry Kronecker factors."""
     if isinstance(module, nn.modules.conv._ConvTransposeNd):
         raise ValueError(f"layer {name!r} is a transposed convolution ({type(module).__name__}), which is not "
@@ -49,8 +49,8 @@ def check_layer(name: str, module: nn.Module) -> None:
                      f"{_SUPPORTED_NAMES}")
 
 
-def find_layers(model: nn.Module, modules: Optional[Iterable] = None, allow_other_parameters: bool = False
-                ) -> Dict[str, nn.Module]:
+def find_layers(model: torch.nn.Module, modules: Optional[Iterable] = None, allow_other_parameters: bool = False
+                ) -> Dict[str, torch.nn.Module]:
     """The layers of ``model`` that get Kronecker factors, as an ordered ``{name: module}``.
 
     Args:
@@ -107,7 +107,7 @@ def find_layers(model: nn.Module, modules: Optional[Iterable] = None, allow_othe
     return chosen
 
 
-def layer_shape(module: nn.Module) -> Tuple[int, int]:
+def layer_shape(module: torch.nn.Module) -> Tuple[int, int]:
     """``(out, in + has_bias)``: the shape of the layer's weight matrix with the bias column."""
     w = module.weight
     return w.shape[0], w[0].numel() + (module.bias is not None)
@@ -131,7 +131,7 @@ def _conv_padding(module: nn.Conv2d):
     return pad
 
 
-def input_patches(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def input_patches(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The layer inputs as ``(batch, locations, in + has_bias)`` (ones appended for the bias)."""
     if isinstance(module, nn.Conv2d):
         if x.dim() == 3:
@@ -145,7 +145,7 @@ def input_patches(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return a
 
 
-def output_grads(module: nn.Module, g: torch.Tensor) -> torch.Tensor:
+def output_grads(module: torch.nn.Module, g: torch.Tensor) -> torch.Tensor:
     """Gradients with respect to the layer output as ``(batch, locations, out)``."""
     if isinstance(module, nn.Conv2d):
         if g.dim() == 3:
@@ -154,7 +154,7 @@ def output_grads(module: nn.Module, g: torch.Tensor) -> torch.Tensor:
     return g.reshape(g.shape[0], -1, g.shape[-1])
 
 
-def weight_matrix(module: nn.Module) -> torch.Tensor:
+def weight_matrix(module: torch.nn.Module) -> torch.Tensor:
     """``[W | b]`` as an ``(out, in + has_bias)`` matrix (a new tensor)."""
     w = module.weight.detach().reshape(module.weight.shape[0], -1)
     if module.bias is not None:
@@ -162,7 +162,7 @@ def weight_matrix(module: nn.Module) -> torch.Tensor:
     return w
 
 
-def set_weight_matrix(module: nn.Module, mat: torch.Tensor) -> None:
+def set_weight_matrix(module: torch.nn.Module, mat: torch.Tensor) -> None:
     """Copy an ``(out, in + has_bias)`` matrix into the layer's weight (and bias), in place."""
     n_w = module.weight[0].numel()
     with torch.no_grad():
@@ -171,7 +171,7 @@ def set_weight_matrix(module: nn.Module, mat: torch.Tensor) -> None:
             module.bias.copy_(mat[:, n_w])
 
 
-def grad_matrix(module: nn.Module) -> torch.Tensor:
+def grad_matrix(module: torch.nn.Module) -> torch.Tensor:
     """The layer's ``.grad`` as an ``(out, in + has_bias)`` matrix (zeros where missing)."""
     w = module.weight
     gw = w.grad if w.grad is not None else torch.zeros_like(w)

@@ -1,6 +1,7 @@
-"""Natural-gradient variational inference: :class:`NoisyKFAC` and :class:`NoisyEKFAC`.
+"""Natural-gradient variational inference: ``NoisyKFAC`` and ``NoisyEKFAC``
+(:mod:`vmfdist.optim.noisy`).
 
-Built on :mod:`vmfdist.curvature`; never imports :mod:`vmfdist.nn` or :mod:`vmfdist.laplace`.
+Built on :mod:`vmfdist.curvature`; never imports ``vmfdist.nn`` or ``vmfdist.laplace``.
 """
 from .noisy import PRESETS, NoisyEKFAC, NoisyKFAC
 

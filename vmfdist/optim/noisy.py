@@ -61,10 +61,11 @@ from .._ops.random import draw_seed_offset
 
 __all__ = ["NoisyKFAC", "NoisyEKFAC", "PRESETS"]
 
-#: Hyper-parameter presets.  "uci": Bae et al. section 6.1 (batch 10 or 100, T_stats=1,
-#: S re-initialised every 50 steps, bases every 50 steps, decay 0.1 for the second half);
-#: "classification": section 6.2 (batch 128, amortised statistics / inverse / re-scaling).
-#: Where the stored copy of the paper lost a number, the value is ours (see docs/optim.md).
+#: Hyper-parameter presets by name, ``"uci"`` (Bae et al. section 6.1: batch 10 or 100,
+#: T_stats = 1, re-scaling re-initialised and bases recomputed every 50 steps, decay by 0.1 for
+#: the second half) and ``"classification"`` (section 6.2: batch 128, amortised statistics,
+#: inverse and re-scaling updates).  Where the stored copy of the paper lost a number, the value
+#: is ours (see docs/optim.md).
 PRESETS = {
     "uci": dict(lr=0.01, beta=0.001, beta_scale=0.001, T_stats=1, T_inv=50, T_scale=1, T_reinit=50,
                 damping=1e-3, prior_var=1.0, kl_weight=1.0, kl_clip=1e-3),
@@ -122,7 +123,7 @@ def _dist_info():
 class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
     _ekfac = False
 
-    def __init__(self, model: nn.Module, num_data: int, likelihood: str = "classification", *,
+    def __init__(self, model: torch.nn.Module, num_data: int, likelihood: str = "classification", *,
                  sigma_noise: float = 1.0, preset: Optional[str] = None, lr: Optional[float] = None,
                  kl_weight: Optional[float] = None, prior_var: Optional[float] = None,
                  damping: Optional[float] = None, beta: Optional[float] = None, beta_scale: Optional[float] = None,
@@ -182,7 +183,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
             raise ValueError("kl_weight = 0 and damping = 0 leave the curvature undamped; give damping > 0")
 
         self.model = model
-        self.layers: Dict[str, nn.Module] = find_layers(model, modules, allow_other_parameters=True)
+        self.layers: Dict[str, torch.nn.Module] = find_layers(model, modules, allow_other_parameters=True)
         self.hp = hp
         self.num_data = num_data
         self.noise = bool(noise)
@@ -277,8 +278,8 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
 
     def posterior(self, layer):
         """The posterior of one layer's ``(out, in+1)`` weight matrix ``[W | b]``:
-        :class:`~vmfdist.distributions.MatrixNormal` (noisy K-FAC) or
-        :class:`~vmfdist.distributions.EigenvalueCorrectedMatrixNormal` (noisy EK-FAC).
+        :class:`~vmfdist.distributions.matrix_normal.MatrixNormal` (noisy K-FAC) or
+        :class:`~vmfdist.distributions.matrix_normal.EigenvalueCorrectedMatrixNormal` (noisy EK-FAC).
         ``layer`` is the module or its name."""
         mod, st = self._layer_state(layer)
         mean = self._mat[self._name_of(mod)].clone()
