@@ -93,7 +93,8 @@ def test_one_step_is_the_damped_natural_gradient(cls):
     """noise=False, one step from a fresh optimizer (running averages = this batch's factors): the mean moves by
     lr * P^{-1} (-grad - gamma_in mu), P the damped K-FAC / EK-FAC matrix built densely from compute_kfac."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 2)).to(DT)
+    # an in-place activation after a layer: the optimizer must differentiate the layer output, not the ReLU's
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU(inplace=True), nn.Linear(5, 2)).to(DT)
     X, y = torch.randn(7, 3, dtype=DT), torch.randint(0, 2, (7,))
     N, lam, eta, gex, lr = 50, 0.8, 0.3, 0.02, 0.1
     res = compute_kfac(model, [(X, y)], "classification", fisher_type="type-2", ekfac=True)

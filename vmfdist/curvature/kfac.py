@@ -166,14 +166,22 @@ class KFACHooks:
     layer's output that keeps its gradient (a list, one entry per backward pass) while
     ``record_grads`` is true.  Tensor hooks see the gradient of the layer output even
     when an in-place activation follows.  Use as a context manager or call ``remove()``.
+
+    With ``capture_outputs=True`` the forward hook instead keeps the layer output in
+    ``outputs`` and hands a copy on to the rest of the model (so that in-place operations
+    downstream modify the copy), while ``record_grads`` is true; the caller then takes
+    ``torch.autograd.grad`` with respect to ``outputs`` (no weight gradients are formed,
+    and nothing is registered on forward passes that record nothing).
     """
 
-    def __init__(self, layers: Dict[str, torch.nn.Module]):
+    def __init__(self, layers: Dict[str, torch.nn.Module], capture_outputs: bool = False):
         self.layers = dict(layers)
         self.inputs: Dict[str, torch.Tensor] = {}
+        self.outputs: Dict[str, torch.Tensor] = {}
         self.grads: Dict[str, List[torch.Tensor]] = {n: [] for n in self.layers}
         self.record_inputs = True
         self.record_grads = False
+        self.capture_outputs = bool(capture_outputs)
         self._handles = []
         for name, mod in self.layers.items():
             self._handles.append(mod.register_forward_pre_hook(self._pre_hook(name)))
@@ -196,12 +204,18 @@ class KFACHooks:
                 self.grads[name].append(g.detach())
 
         def hook(module, inputs, output):
+            if self.capture_outputs:
+                if self.record_grads and output.requires_grad:
+                    self.outputs[name] = output
+                    return output.clone()
+                return None
             if output.requires_grad:
                 output.register_hook(grad_hook)
         return hook
 
     def clear(self):
         self.inputs.clear()
+        self.outputs.clear()
         for v in self.grads.values():
             v.clear()
 

@@ -239,7 +239,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
             st["pi"] = torch.ones((), **kw)
             if self._ekfac:
                 st["S"] = torch.ones(out, inn, **kw)
-        self._hooks = KFACHooks(self.layers)
+        self._hooks = KFACHooks(self.layers, capture_outputs=True)
         self._hooks.record_inputs = False
         # each layer's weight and bias become views into one (out, in+1) matrix [W | b], so that a
         # sample or a mean is written with one copy (move the model to its device/dtype first)
@@ -363,6 +363,21 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                              f"{tuple(target.shape)}")
         return target.to(out.dtype)
 
+    def _output_grads(self, out, grad_out, retain):
+        """Gradients of ``out`` (weighted by ``grad_out``) with respect to every layer's output,
+        appended to the hooks' ``grads``."""
+        hooks = self._hooks
+        names = list(self.layers)
+        missing = [n for n in names if n not in hooks.outputs]
+        if missing:
+            raise RuntimeError(f"layer {missing[0]!r} was not called in the forward pass")
+        gs = torch.autograd.grad(out, [hooks.outputs[n] for n in names], grad_outputs=grad_out,
+                                 retain_graph=retain, allow_unused=True)
+        for n, g in zip(names, gs):
+            if g is None:
+                raise RuntimeError(f"the output of layer {n!r} does not reach the model output")
+            hooks.grads[n].append(g)
+
     def _name_non_finite_input(self):
         for n in self.layers:
             x = self._hooks.inputs.get(n)
@@ -447,7 +462,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                     except FloatingPointError:
                         self._name_non_finite_input()
                         raise
-                    torch.autograd.grad(out2, weights, grad_outputs=torch.cat([e_loss, e_stat.to(out.dtype)]))
+                    self._output_grads(out2, torch.cat([e_loss, e_stat.to(out.dtype)]), False)
                 else:
                     out = self.model(xs)
                     if out.dim() != 2:
@@ -461,7 +476,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                             self._name_non_finite_input()
                             raise
                         for e in es:
-                            torch.autograd.grad(out, weights, grad_outputs=e.to(out.dtype), retain_graph=True)
+                            self._output_grads(out, e.to(out.dtype), True)
                     hooks.record_grads = False
                     hooks.record_inputs = False
                     nll = self._nll_sum(out, ys)
