@@ -102,12 +102,6 @@ def _sample_now(loc, q_out, q_in, variance, generator):
         return lib.kron_eigen_sample(loc, q_out, q_in, variance, 1, seed, offset)[0]
 
 
-def _sample_seeded(loc, q_out, q_in, variance, seed: int):
-    """One sample of ``kron_eigen_sample`` from the Philox stream ``(seed, offset 0)``, no graph."""
-    with torch.no_grad(), _below_autograd():
-        return lib.kron_eigen_sample(loc, q_out, q_in, variance, 1, seed, 0)[0]
-
-
 def _matvec_now(q_out, q_in, scale, v, power):
     """``kron_eigen_matvec(q_out, q_in, scale, v, power)`` without a graph."""
     with torch.no_grad(), _below_autograd():
@@ -415,6 +409,8 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         a_sum = {n: None for n in layers}
         g_sum = {n: None for n in layers}
         saved = {n: [] for n in layers}  # (a, [g]) for the re-scaling update
+        lin = {}  # layer -> (a, g) 2-d, for the fast path
+        fast = P == 1 and world == 1
         for p in self.other_params:
             p.grad = None
         # one backward for the loss and the sampled-label statistics (the batch is stacked with
@@ -424,16 +420,18 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         hooks = self._hooks
         try:
             for j in range(P):
-                gen = torch.Generator(device=inputs.device)
-                gen.manual_seed(_mix64(self.seed, k, rank * P + j))
+                gen = None
+                if need_acts and self.fisher_type == "mc":  # the sampled labels' stream
+                    gen = torch.Generator(device=inputs.device)
+                    gen.manual_seed(_mix64(self.seed, k, rank * P + j))
                 xs, ys = inputs[j * chunk:(j + 1) * chunk], targets[j * chunk:(j + 1) * chunk]
                 if self.noise:
-                    with torch.no_grad():
+                    with torch.no_grad(), _below_autograd():
                         for li, (n, m) in enumerate(layers.items()):
                             st = self.state[m.weight]
                             # Philox stream keyed by (seed, step, share of the global batch, layer)
-                            w = _sample_seeded(means[n], st["q_g"], st["q_a"], self._posterior_variance(st),
-                                               _mix64(self.seed, k, rank * P + j, li, 1))
+                            w = lib.kron_eigen_sample(means[n], st["q_g"], st["q_a"], self._posterior_variance(st),
+                                                      1, _mix64(self.seed, k, rank * P + j, li, 1), 0)[0]
                             mats[n].copy_(w)
                             w_sum[n] = w if w_sum[n] is None else w_sum[n] + w
                 hooks.clear()
@@ -513,6 +511,11 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                         else:
                             a = input_patches(m, x_in)
                             gl = [output_grads(m, g) for g in g_out]
+                        if fast and a.shape[1] == 1 and len(gl) == 1:
+                            # one location, one label draw, one share: the running averages below are
+                            # single addmm calls on these (batch, features) matrices
+                            lin[n] = (a[:, 0], gl[0][:, 0])
+                            continue
                         if do_stats:
                             fa = input_factor(a, self.kfac_approx)
                             fg = gradient_factor(gl[0], self.kfac_approx)
@@ -555,6 +558,11 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
             for n, m in layers.items():
                 st = self.state[m.weight]
                 # new tensors, not in-place: a state_dict() taken earlier must not change
+                if n in lin:
+                    a2, g2 = lin[n]
+                    st["A"] = torch.addmm(st["A"], a2.mT, a2, beta=1 - wgt, alpha=wgt / B)
+                    st["G"] = torch.addmm(st["G"], g2.mT, g2, beta=1 - wgt, alpha=wgt / B)
+                    continue
                 if world > 1:
                     a_sum[n], g_sum[n] = avg(a_sum[n]), avg(g_sum[n])
                 st["A"] = (st["A"] * (1 - wgt)).add_(a_sum[n], alpha=wgt / B)
@@ -585,6 +593,11 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
             wgt = running_average_weight(beta_scale, self._scale_count)
             for n, m in layers.items():
                 st = self.state[m.weight]
+                if n in lin:
+                    a2, g2 = lin[n]
+                    st["S"] = torch.addmm(st["S"], (g2 @ st["q_g"]).square_().mT, (a2 @ st["q_a"]).square_(),
+                                          beta=1 - wgt, alpha=wgt / B)
+                    continue
                 s = None
                 for a, gs in saved[n]:
                     for g in gs:
@@ -593,20 +606,21 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                 st["S"] = (st["S"] * (1 - wgt)).add_(avg(s), alpha=wgt / B)
 
         # ---- the mean step ----------------------------------------------------------------------------------------
+        # P^{-1} V with V = -(grad + gamma_in W): precondition u = grad + gamma_in W and step by -lr
         deltas = {}
-        vs = {}
         check = None
-        for n, m in layers.items():
-            st = self.state[m.weight]
-            v = torch.add(grads[n], w_bar[n], alpha=self.gamma_in).neg_()
-            if self._ekfac:
-                curv = st["S"] + self.gamma
-            else:
-                curv = damped_kfac_eigenvalues(st["d_g"], st["d_a"], self.gamma, st["pi"])
-            d = _matvec_now(st["q_g"], st["q_a"], curv, v, -1.0)
-            deltas[n], vs[n] = d, v
-            dv = torch.dot(d.reshape(-1), v.reshape(-1))
-            check = dv if check is None else check + dv
+        with torch.no_grad(), _below_autograd():
+            for n, m in layers.items():
+                st = self.state[m.weight]
+                u = torch.add(grads[n], w_bar[n], alpha=self.gamma_in)
+                if self._ekfac:
+                    curv = st["S"] + self.gamma
+                else:
+                    curv = damped_kfac_eigenvalues(st["d_g"], st["d_a"], self.gamma, st["pi"])
+                d = lib.kron_eigen_matvec(st["q_g"], st["q_a"], curv, u, -1.0)
+                deltas[n] = d
+                du = torch.dot(d.reshape(-1), u.reshape(-1))
+                check = du if check is None else check + du
         vg = float(check)
         if not math.isfinite(vg):
             for n in layers:
@@ -617,7 +631,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
             nu = min(1.0, math.sqrt(self.kl_clip / (lr * lr * vg)))
         with torch.no_grad():
             for n in layers:
-                torch.add(means[n], deltas[n], alpha=lr * nu, out=mats[n])
+                torch.add(means[n], deltas[n], alpha=-lr * nu, out=mats[n])
         if self.other_optimizer is not None:
             self.other_optimizer.step()
         self.param_groups[0]["lr"] = lr
