@@ -88,20 +88,31 @@ def test_noisy_kfac_bayesian_linear_regression_factored_posterior():
     torch.testing.assert_close(torch.kron(q.row_covariance, q.column_covariance), ref, rtol=1e-10, atol=1e-15)
 
 
+@pytest.mark.parametrize("likelihood,fisher_type", [("classification", "type-2"), ("classification", "mc"),
+                                                    ("regression", "mc"), ("regression", "empirical")])
 @pytest.mark.parametrize("cls", [NoisyKFAC, NoisyEKFAC])
-def test_one_step_is_the_damped_natural_gradient(cls):
+def test_one_step_is_the_damped_natural_gradient(cls, likelihood, fisher_type):
     """noise=False, one step from a fresh optimizer (running averages = this batch's factors): the mean moves by
-    lr * P^{-1} (-grad - gamma_in mu), P the damped K-FAC / EK-FAC matrix built densely from compute_kfac."""
+    lr * P^{-1} (-grad - gamma_in mu), P the damped K-FAC / EK-FAC matrix built densely from compute_kfac (for "mc"
+    with the optimizer's label stream, generator seeded with _mix64(seed, step 0, share 0))."""
+    from vmfdist.optim.noisy import _mix64
+
     torch.manual_seed(0)
     # an in-place activation after a layer: the optimizer must differentiate the layer output, not the ReLU's
     model = nn.Sequential(nn.Linear(3, 5), nn.ReLU(inplace=True), nn.Linear(5, 2)).to(DT)
-    X, y = torch.randn(7, 3, dtype=DT), torch.randint(0, 2, (7,))
-    N, lam, eta, gex, lr = 50, 0.8, 0.3, 0.02, 0.1
-    res = compute_kfac(model, [(X, y)], "classification", fisher_type="type-2", ekfac=True)
+    X = torch.randn(7, 3, dtype=DT)
+    y = torch.randint(0, 2, (7,)) if likelihood == "classification" else torch.randn(7, 2, dtype=DT)
+    N, lam, eta, gex, lr, sigma, seed = 50, 0.8, 0.3, 0.02, 0.1, 0.7, 17
+    gen = torch.Generator().manual_seed(_mix64(seed, 0, 0))
+    res = compute_kfac(model, [(X, y)], likelihood, sigma_noise=sigma, fisher_type=fisher_type, ekfac=True,
+                       generator=gen)
     mu = {n: torch.cat([m.weight.detach(), m.bias.detach().unsqueeze(1)], 1) for n, m in
           (("0", model[0]), ("2", model[2]))}
     model.zero_grad()
-    nn.functional.cross_entropy(model(X), y).backward()
+    out = model(X)
+    loss = (nn.functional.cross_entropy(out, y) if likelihood == "classification"
+            else 0.5 * (out - y).pow(2).sum(1).mean() / sigma ** 2)
+    loss.backward()
     grads = {n: torch.cat([m.weight.grad, m.bias.grad.unsqueeze(1)], 1) for n, m in (("0", model[0]), ("2", model[2]))}
     gin = lam / (N * eta)
     gam = gin + gex
@@ -116,8 +127,8 @@ def test_one_step_is_the_damped_natural_gradient(cls):
             Q = torch.kron(lf.q_g, lf.q_a)
             P = Q @ torch.diag(lf.eigenvalues.reshape(-1) + gam) @ Q.T
         expected[n] = mu[n] + lr * torch.linalg.solve(P, v).reshape(mu[n].shape)
-    opt = cls(model, N, "classification", noise=False, fisher_type="type-2", kl_weight=lam, prior_var=eta,
-              damping=gex, lr=lr, kl_clip=None, T_stats=1, T_inv=1, T_scale=1)
+    opt = cls(model, N, likelihood, sigma_noise=sigma, noise=False, fisher_type=fisher_type, kl_weight=lam,
+              prior_var=eta, damping=gex, lr=lr, kl_clip=None, T_stats=1, T_inv=1, T_scale=1, seed=seed)
     opt.step(X, y)
     for n, m in (("0", model[0]), ("2", model[2])):
         got = torch.cat([m.weight.detach(), m.bias.detach().unsqueeze(1)], 1)

@@ -445,7 +445,18 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                     out = out2[:chunk]
                     ys = self._check_targets(out, ys)
                     f = out.detach()
-                    if self.likelihood == "regression":
+                    if self.likelihood == "regression" and self.fisher_type == "mc":
+                        # the output gradients of both halves in one buffer: (f - y)/(sigma^2 B) for the
+                        # loss, -eps/sigma for a label drawn from the predictive (as output_gradients)
+                        sig2 = self.sigma_noise ** 2
+                        go = torch.empty((2 * chunk,) + f.shape[1:], dtype=f.dtype, device=f.device)
+                        diff = torch.sub(f, ys, out=go[:chunk])
+                        nll = torch.dot(diff.reshape(-1), diff.reshape(-1)) * (0.5 / sig2)
+                        diff.mul_(1.0 / (sig2 * B))
+                        torch.randn(f.shape, generator=gen, dtype=f.dtype, device=f.device,
+                                    out=go[chunk:]).mul_(-1.0 / self.sigma_noise)
+                        self._output_grads(out2, go, False)
+                    elif self.likelihood == "regression":
                         diff = f - ys
                         e_loss = diff * (1.0 / (self.sigma_noise ** 2 * B))
                         nll = (diff * diff).sum() * (0.5 / self.sigma_noise ** 2)
@@ -454,13 +465,14 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                         onehot = nn.functional.one_hot(ys.long(), f.shape[1]).to(f.dtype)
                         e_loss = (logp.exp() - onehot) / B
                         nll = -(logp * onehot).sum()
-                    try:
-                        e_stat = output_gradients(out2[chunk:], ys, self.likelihood, self.fisher_type,
-                                                  self.sigma_noise, 1, gen)[0]
-                    except FloatingPointError:
-                        self._name_non_finite_input()
-                        raise
-                    self._output_grads(out2, torch.cat([e_loss, e_stat.to(out.dtype)]), False)
+                    if not (self.likelihood == "regression" and self.fisher_type == "mc"):
+                        try:
+                            e_stat = output_gradients(out2[chunk:], ys, self.likelihood, self.fisher_type,
+                                                      self.sigma_noise, 1, gen)[0]
+                        except FloatingPointError:
+                            self._name_non_finite_input()
+                            raise
+                        self._output_grads(out2, torch.cat([e_loss, e_stat.to(out.dtype)]), False)
                 else:
                     out = self.model(xs)
                     if out.dim() != 2:
