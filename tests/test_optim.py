@@ -295,3 +295,49 @@ def test_non_finite_step_names_the_layer():
     X[0, 0] = float("nan")
     with pytest.raises(FloatingPointError, match=r"layer '0'"):
         opt.step(X, torch.tensor([0, 1, 0, 1]))
+
+
+class _SeqLinear(nn.Module):
+    """A Linear layer applied to every position of a (batch, 3, 4) input (several locations per example)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 5)
+        self.b = nn.Linear(15, 2, bias=False)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)).flatten(1))
+
+
+@pytest.mark.parametrize("cls", [NoisyKFAC, NoisyEKFAC])
+@pytest.mark.parametrize("case", ["conv-reduce", "conv-nobias-particles", "linear-3d", "ggn-regression"])
+def test_configurations_run_and_stay_finite(cls, case):
+    """Paths beyond the fast one (several locations, KFAC-reduce, no bias, particles, type-2 labels): a few steps
+    with every update, finite state, and the posterior of every layer has the layer's matrix shape."""
+    torch.manual_seed(0)
+    if case.startswith("conv"):
+        model = nn.Sequential(nn.Conv2d(1, 3, 3, padding=1, bias=case == "conv-reduce"), nn.ReLU(), nn.Flatten(),
+                              nn.Linear(3 * 5 * 5, 4))
+        X, y, like = torch.randn(8, 1, 5, 5), torch.randint(0, 4, (8,)), "classification"
+    elif case == "linear-3d":
+        model = _SeqLinear()
+        X, y, like = torch.randn(8, 3, 4), torch.randint(0, 2, (8,)), "classification"
+    else:
+        model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+        X, y, like = torch.randn(8, 3), torch.randn(8, 2), "regression"
+    kw = dict(T_stats=1, T_inv=2, T_scale=1, T_reinit=3, seed=0)
+    if case == "conv-reduce":
+        kw["kfac_approx"] = "reduce"
+    if case == "conv-nobias-particles":
+        kw["particles"] = 2
+    if case == "ggn-regression":
+        kw["fisher_type"] = "type-2"
+    opt = cls(model, 64, like, **kw)
+    for _ in range(4):
+        assert math.isfinite(float(opt.step(X, y)))
+    for name, mod in opt.layers.items():
+        st = opt.state[mod.weight]
+        assert all(bool(torch.isfinite(v).all()) for v in st.values())
+        q = opt.posterior(name)
+        out = mod.weight.shape[0]
+        assert q.event_shape == (out, mod.weight[0].numel() + (mod.bias is not None))
