@@ -228,7 +228,8 @@ def _load_uci(name="bostonHousing", split=0):
 @pytest.mark.parametrize("cls", [NoisyKFAC, NoisyEKFAC])
 def test_trains_uci_mlp(cls, one_thread):
     """Boston housing, split 0, one hidden layer of 50, the UCI preset (batch 10): the predictive mean's test RMSE
-    (standardised targets) beats least squares' on the same split (0.53 there) and the run stays finite."""
+    (standardised targets) beats least squares' on the same split (0.40 there; the optimizers reach about 0.25-0.26)
+    and the run stays finite."""
     Xtr, ytr, Xte, yte = _load_uci()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(Xtr.shape[1], 50), nn.ReLU(), nn.Linear(50, 1))
