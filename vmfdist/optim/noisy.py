@@ -404,10 +404,8 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         mats = self._mat
         weights = self._weights
         means = {n: mats[n].clone() for n in layers}
-        w_sum = {n: None for n in layers}
-        grads = {n: None for n in layers}
-        a_sum = {n: None for n in layers}
-        g_sum = {n: None for n in layers}
+        empty = dict.fromkeys(layers)
+        w_sum, grads, a_sum, g_sum = dict(empty), dict(empty), dict(empty), dict(empty)
         saved = {n: [] for n in layers}  # (a, [g]) for the re-scaling update
         lin = {}  # layer -> (a, g) 2-d, for the fast path
         fast = P == 1 and world == 1
@@ -424,7 +422,8 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                 if need_acts and self.fisher_type == "mc":  # the sampled labels' stream
                     gen = torch.Generator(device=inputs.device)
                     gen.manual_seed(_mix64(self.seed, k, rank * P + j))
-                xs, ys = inputs[j * chunk:(j + 1) * chunk], targets[j * chunk:(j + 1) * chunk]
+                xs, ys = (inputs, targets) if P == 1 else (inputs[j * chunk:(j + 1) * chunk],
+                                                           targets[j * chunk:(j + 1) * chunk])
                 if self.noise:
                     with torch.no_grad(), _below_autograd():
                         for li, (n, m) in enumerate(layers.items()):
