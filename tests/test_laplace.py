@@ -381,11 +381,11 @@ def test_unsupported_layer_is_named():
 
 
 def test_grouped_and_transposed_convolutions_refused():
-    with pytest.raises(ValueError, match="grouped Conv2d"):
+    with pytest.raises(ValueError, match=r"layer '0' is a grouped convolution \(groups=2\)"):
         KFACLaplace(nn.Sequential(nn.Conv2d(4, 4, 3, groups=2)), "classification")
-    with pytest.raises(ValueError, match="ConvTranspose2d.*transposed"):
+    with pytest.raises(ValueError, match=r"transposed convolution \(ConvTranspose2d\)"):
         KFACLaplace(nn.Sequential(nn.ConvTranspose2d(2, 2, 3)), "classification")
-    with pytest.raises(ValueError, match="padding_mode='reflect'"):
+    with pytest.raises(ValueError, match="padding_mode='reflect'.*not supported"):
         KFACLaplace(nn.Sequential(nn.Conv2d(2, 2, 3, padding=1, padding_mode="reflect")), "classification")
 
 
@@ -453,5 +453,5 @@ def test_non_finite_factors_name_the_layer():
     model = _mlp()
     X, y = _data("regression")
     X[3, 0] = float("inf")
-    with pytest.raises(FloatingPointError, match="layer '0.weight'"):
+    with pytest.raises(FloatingPointError, match="input factor A of layer '0'"):
         KFACLaplace(model, "regression").fit(_loader(X, y))

@@ -15,6 +15,8 @@ from typing import Dict, List, Optional
 import torch
 from torch import nn
 
+from ..curvature import check_layer, output_grads
+
 SUPPORTED = (nn.Linear, nn.Conv2d)
 SUPPORTED_NAMES = "torch.nn.Linear, torch.nn.Conv2d (groups=1, padding_mode='zeros')"
 
@@ -62,22 +64,17 @@ class Block:
 
 
 def check_module(name: str, module: nn.Module, owner: str) -> None:
-    if isinstance(module, nn.Conv2d):
-        if module.groups != 1:
-            raise ValueError(f"{owner}: layer '{name}' is a grouped Conv2d (groups={module.groups}); grouped "
-                             f"convolutions are not supported. Supported layers: {SUPPORTED_NAMES}")
-        if module.padding_mode != "zeros":
-            raise ValueError(f"{owner}: layer '{name}' is a Conv2d with padding_mode='{module.padding_mode}'; only "
-                             f"padding_mode='zeros' is supported. Supported layers: {SUPPORTED_NAMES}")
-        if isinstance(module.padding, str) and module.padding not in ("valid", "same"):
-            raise ValueError(f"{owner}: layer '{name}' has unsupported padding {module.padding!r}")
-        return
-    if isinstance(module, nn.Linear):
+    """Supported layers pass (curvature's :func:`~vmfdist.curvature.check_layer` refuses
+    grouped, transposed and non-zero-padded convolutions by name); any other module with
+    trainable parameters is an error naming it."""
+    if isinstance(module, SUPPORTED) or isinstance(module, nn.modules.conv._ConvTransposeNd):
+        try:
+            check_layer(name, module)
+        except ValueError as e:
+            raise ValueError(f"{owner}: {e}") from None
         return
     kind = type(module).__module__ + "." + type(module).__name__
-    hint = " (transposed convolutions are not supported)" if isinstance(module, nn.modules.conv._ConvTransposeNd) \
-        else ""
-    raise ValueError(f"{owner}: layer '{name}' ({kind}){hint} has trainable parameters but is not a supported "
+    raise ValueError(f"{owner}: layer '{name}' ({kind}) has trainable parameters but is not a supported "
                      f"layer. Supported layers: {SUPPORTED_NAMES}. Freeze its parameters with "
                      f"requires_grad_(False) to leave them out of the Laplace approximation.")
 
@@ -122,36 +119,23 @@ def find_blocks(model: nn.Module, separate_weight_and_bias: bool, owner: str) ->
 
 
 # ---------------------------------------------------------------------------------------------
-# inputs and outputs of the layers during one forward pass
-def layer_inputs(module: nn.Module, x: torch.Tensor, kfac_approx: str = "expand") -> torch.Tensor:
-    """The layer's input as ``(batch, locations, fan_in)``: a Linear layer's features (all
-    leading dimensions after the batch are locations), a Conv2d layer's patches by unfold."""
-    if isinstance(module, nn.Conv2d):
-        if isinstance(module.padding, str):
-            if module.padding == "valid":
-                pad = 0
-            else:  # 'same': torch pads symmetrically when the total is even, else extra on the right
-                total = [d * (k - 1) for d, k in zip(module.dilation, module.kernel_size)]
-                if any(t % 2 for t in total):
-                    x = nn.functional.pad(x, [total[1] // 2, total[1] - total[1] // 2,
-                                              total[0] // 2, total[0] - total[0] // 2])
-                    pad = 0
-                else:
-                    pad = tuple(t // 2 for t in total)
-        else:
-            pad = module.padding
-        patches = nn.functional.unfold(x, module.kernel_size, dilation=module.dilation, padding=pad,
-                                       stride=module.stride)  # (B, C*kh*kw, L)
-        return patches.transpose(1, 2)
-    return x.reshape(x.shape[0], -1, x.shape[-1])
+def block_inputs(b: Block, a_full: torch.Tensor) -> torch.Tensor:
+    """The block's input columns ``(B, L, in_blk)`` from the layer's patches with the
+    appended 1 (curvature's :func:`~vmfdist.curvature.input_patches`): the layer input, the
+    1 (bias), or both (joint)."""
+    has_bias = b.module.bias is not None
+    if b.kind == "weight":
+        return a_full[..., :-1] if has_bias else a_full
+    if b.kind == "bias":
+        return a_full[..., -1:]
+    return a_full
 
 
-def layer_output_grads(module: nn.Module, g: torch.Tensor) -> torch.Tensor:
-    """Gradients with respect to the layer's output, ``(C, batch, *out_shape)`` with ``C``
-    backpropagated columns, as ``(C, batch, locations, out)``."""
-    if isinstance(module, nn.Conv2d):
-        return g.flatten(-2).transpose(-1, -2)  # (C, B, C_out, L) -> (C, B, L, C_out)
-    return g.reshape(g.shape[0], g.shape[1], -1, g.shape[-1])
+def batched_output_grads(module: nn.Module, g: torch.Tensor) -> torch.Tensor:
+    """``(C, batch, *out_shape)`` output gradients as ``(C, batch, locations, out)``."""
+    C, B = g.shape[:2]
+    r = output_grads(module, g.reshape((C * B,) + tuple(g.shape[2:])))
+    return r.reshape(C, B, r.shape[1], r.shape[2])
 
 
 class Capture:

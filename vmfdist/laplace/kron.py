@@ -42,7 +42,9 @@ import torch
 from torch import nn
 
 from ..distributions import EigenvalueCorrectedMatrixNormal, MatrixNormal
-from ._layers import Block, Capture, find_blocks, layer_inputs, layer_output_grads
+from ..curvature import (KFACHooks, check_finite, compute_kfac, eigen_basis, input_patches, output_gradients,
+                         output_grads, per_example_second_moments)
+from ._layers import Block, Capture, batched_output_grads, block_inputs, find_blocks
 
 __all__ = ["KFACLaplace", "EKFACLaplace"]
 
@@ -229,47 +231,31 @@ class _KroneckerLaplace:
             raise ValueError(f"{type(self).__name__}: the model must return a (batch, outputs) tensor, got {shape}")
         return out, cap
 
-    def _columns(self, out: torch.Tensor, y: torch.Tensor):
-        """The summed loss (cross-entropy or half squared error) and the columns
-        ``(C, batch, outputs)`` whose backpropagation gives the curvature factor ``G``."""
+    def _check_batch(self, out, y) -> torch.Tensor:
+        r"""Validate one batch's output and targets; the summed loss (cross-entropy, or half
+        the squared error: the negative log-likelihood at :math:`\sigma = 1` up to its constant)."""
+        owner = type(self).__name__
+        if not isinstance(out, torch.Tensor) or out.dim() != 2:
+            shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(f"{owner}: the model must return a (batch, outputs) tensor, got {shape}")
         B, K = out.shape
         if self.likelihood == "classification":
             if y.dim() != 1 or y.shape[0] != B or y.dtype.is_floating_point or y.is_complex():
-                raise ValueError(f"classification targets must be class indices of shape ({B},), got dtype {y.dtype} "
-                                 f"and shape {tuple(y.shape)}")
+                raise ValueError(f"{owner}: classification targets must be class indices of shape ({B},), got "
+                                 f"dtype {y.dtype} and shape {tuple(y.shape)}")
             if bool((y < 0).any()) or bool((y >= K).any()):
-                raise ValueError(f"classification targets must lie in [0, {K}) (the model has {K} outputs)")
-            logp = out.detach().log_softmax(-1)
-            loss = -logp.gather(1, y[:, None]).sum()
-            p = logp.exp()
-            if self.fisher_type == "ggn":  # M M^T = diag(p) - p p^T with M = diag(sqrt p) - p sqrt(p)^T
-                s = p.sqrt()
-                cols = (torch.diag_embed(s) - p[:, :, None] * s[:, None, :]).permute(2, 0, 1)
-            elif self.fisher_type == "empirical":
-                cols = (p - nn.functional.one_hot(y, K).to(p.dtype))[None]
-            else:
-                ys = torch.multinomial(p, self.mc_samples, replacement=True, generator=self.generator)  # (B, S)
-                cols = (p[None] - nn.functional.one_hot(ys.T, K).to(p.dtype)) / math.sqrt(self.mc_samples)
-        else:
-            if y.shape != out.shape:
-                raise ValueError(f"regression targets must have the model output's shape {tuple(out.shape)}, got "
-                                 f"{tuple(y.shape)}")
-            r = out.detach() - y.to(out.dtype)
-            loss = 0.5 * r.square().sum()
-            if self.fisher_type == "ggn":
-                cols = torch.eye(K, dtype=out.dtype, device=out.device)[:, None, :].expand(K, B, K)
-            elif self.fisher_type == "empirical":
-                cols = r[None]
-            else:
-                cols = torch.randn((self.mc_samples, B, K), dtype=out.dtype, device=out.device,
-                                   generator=self.generator) / math.sqrt(self.mc_samples)
-        return loss, cols
+                raise ValueError(f"{owner}: classification targets must lie in [0, {K}) (the model has {K} outputs)")
+            return -out.detach().log_softmax(-1).gather(1, y[:, None]).sum()
+        if y.shape != out.shape:
+            raise ValueError(f"{owner}: regression targets must have the model output's shape {tuple(out.shape)}, "
+                             f"got {tuple(y.shape)}")
+        return 0.5 * (out.detach() - y.to(out.dtype)).square().sum()
 
     def _backprop(self, out: torch.Tensor, cap: Capture, cols: torch.Tensor, create_graph: bool = False):
         """Gradients of ``<out, cols[c]>`` with respect to every covered layer's recorded
         output(s), for all columns ``c`` in one batched backward pass; per module,
-        ``(inputs (B, L, in), grads (C, B, L, out))`` with the calls of a layer used more
-        than once concatenated along the locations."""
+        ``(patches with the appended 1 (B, L, in+1), grads (C, B, L, out))``, the calls of a
+        layer used more than once concatenated along the locations."""
         mods = cap.modules
         hs = [h for m in mods for h in cap.outputs.get(id(m), [])]
         if len(hs) == 0:
@@ -283,60 +269,58 @@ class _KroneckerLaplace:
         res = {}
         k = 0
         for m in mods:
-            calls_in = cap.inputs.get(id(m), [])
             a_list, g_list = [], []
-            for x in calls_in:
-                g = gs[k]
-                h = hs[k]
+            for x in cap.inputs.get(id(m), []):
+                g, h = gs[k], hs[k]
                 k += 1
                 if g is None:
                     g = torch.zeros((cols.shape[0],) + tuple(h.shape), dtype=h.dtype, device=h.device)
-                a_list.append(layer_inputs(m, x, self.kfac_approx))
-                g_list.append(layer_output_grads(m, g))
+                a_list.append(input_patches(m, x))
+                g_list.append(batched_output_grads(m, g))
             if a_list:
                 res[id(m)] = (torch.cat(a_list, 1) if len(a_list) > 1 else a_list[0],
                               torch.cat(g_list, 2) if len(g_list) > 1 else g_list[0])
         return res
 
-    def _accumulate(self, stats: dict, m: nn.Module, a: torch.Tensor, g: torch.Tensor) -> None:
-        """Add one batch to a module's sums: :math:`\\sum aa^T` (divided by the number of
-        locations for KFAC-expand), :math:`\\sum a`, the count of the appended 1 and
-        :math:`\\sum gg^T`."""
-        if self.kfac_approx == "expand":
-            L = a.shape[1]
-            a2 = a.reshape(-1, a.shape[-1])
-            g2 = g.reshape(-1, g.shape[-1])
-            AA = a2.T @ a2 / L
-            asum = a2.sum(0) / L
-            cnt = float(a.shape[0])
-        else:
-            ar = a.mean(1)
-            g2 = g.sum(2).reshape(-1, g.shape[-1])
-            AA = ar.T @ ar
-            asum = ar.sum(0)
-            cnt = float(a.shape[0])
-        GG = g2.T @ g2
-        s = stats.setdefault(id(m), {"AA": 0.0, "asum": 0.0, "count": 0.0, "GG": 0.0})
-        s["AA"] = s["AA"] + AA
-        s["asum"] = s["asum"] + asum
-        s["count"] += cnt
-        s["GG"] = s["GG"] + GG
+    def _data(self, loader, record_loss: bool):
+        """``loader``'s ``(X, y)`` batches moved to the model's device; with ``record_loss``,
+        each batch's targets are checked and its loss added up by a forward hook on the model
+        (so the curvature pass also gives the log-likelihood)."""
+        state = {"y": None}
 
-    @staticmethod
-    def _block_inputs(b: Block, a: torch.Tensor) -> torch.Tensor:
-        """The block's input columns ``(B, L, in_blk)``: the layer input, a 1 (bias), or both."""
-        if b.kind == "weight":
-            return a
-        ones = torch.ones(a.shape[:-1] + (1,), dtype=a.dtype, device=a.device)
-        return ones if b.kind == "bias" else torch.cat([a, ones], -1)
+        def hook(module, inputs, output):
+            if state["y"] is not None:
+                self.loss = self.loss + self._check_batch(output, state["y"])
+                self.n_outputs = output.shape[1]
+                state["y"] = None
+
+        handle = self.model.register_forward_hook(hook) if record_loss else None
+        try:
+            for batch in loader:
+                X, y = _unpack(batch, "train_loader")
+                X, y = X.to(self._device), y.to(self._device)
+                state["y"] = y
+                yield X, y
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    def _layers_dict(self) -> Dict[str, nn.Module]:
+        out = {}
+        for b in self._blocks:
+            out.setdefault(b.module_name, b.module)
+        return out
 
     def fit(self, train_loader, override: bool = True, progress_bar: bool = False) -> None:
         """Collect the Kronecker factors over ``train_loader`` (``(X, y)`` batches) at the
-        model's current parameters (the MAP estimate), eigendecompose them, and (EK-FAC)
-        collect the second moments in the eigenbasis in a second pass.
+        model's current parameters (the MAP estimate) with
+        :func:`vmfdist.curvature.compute_kfac`, eigendecompose them, and (EK-FAC) collect the
+        second moments in the eigenbasis in a second pass over the data.
 
         ``override=False`` adds the data to the factors of the previous ``fit`` (K-FAC only).
-        The number of examples :math:`N` is counted from the batches."""
+        The number of examples :math:`N` is counted from the batches.  For
+        ``fisher_type="mc"`` the EK-FAC pass replays the labels of the first pass when the
+        loader yields the batches in the same order."""
         owner = type(self).__name__
         if not override and self._ekfac and self._fitted:
             raise ValueError(f"{owner}.fit(override=False) is not supported: the EK-FAC second moments of earlier "
@@ -348,72 +332,75 @@ class _KroneckerLaplace:
             self.loss = 0.0
             self.n_data = 0
         self.model.eval()
+        layers = self._layers_dict()
+        gen = self.generator
+        if gen is None and self.fisher_type == "mc":
+            gen = torch.Generator(device=self._device)
+            gen.manual_seed(int(torch.randint(0, 2 ** 62, (1,))))
+        gen_state = None if gen is None else gen.get_state()
+        fisher = "type-2" if self.fisher_type == "ggn" else self.fisher_type
+        loss_before = self.loss
+        try:
+            res = compute_kfac(self.model, self._data(train_loader, True), self.likelihood, sigma_noise=1.0,
+                               fisher_type=fisher, kfac_approx=self.kfac_approx, mc_samples=self.mc_samples,
+                               modules=list(layers.values()), generator=gen)
+        except ValueError as e:
+            self.loss = loss_before
+            if "yielded no batches" in str(e):
+                raise ValueError(f"{owner}.fit: train_loader yielded no data") from None
+            raise
+        N_new = res.num_data
         stats = self._stats
-        n_batches = 0
-        for batch in train_loader:
-            X, y = _unpack(batch, "train_loader")
-            X, y = X.to(self._device), y.to(self._device)
-            out, cap = self._forward_capture(X)
-            loss, cols = self._columns(out, y)
-            grads = self._backprop(out, cap, cols)
-            for m in cap.modules:
-                if id(m) in grads:
-                    self._accumulate(stats, m, *grads[id(m)])
-            self.loss = self.loss + loss
-            self.n_data += out.shape[0]
-            self.n_outputs = out.shape[1]
-            n_batches += 1
-        if n_batches == 0 or self.n_data == 0:
-            raise ValueError(f"{owner}.fit: train_loader yielded no data")
+        for name, mod in layers.items():
+            lf = res[name]
+            s = stats.setdefault(id(mod), {"A": 0.0, "G": 0.0})
+            s["A"] = s["A"] + lf.A * N_new  # sums over the data
+            s["G"] = s["G"] + lf.G * N_new
+        self.n_data += N_new
         N = self.n_data
         for b in self._blocks:
-            s = stats.get(id(b.module))
-            if s is None:
-                raise RuntimeError(f"{owner}: layer '{b.module_name}' was never called in the model's forward pass")
-            b.G = s["GG"]
-            if b.kind == "weight":
-                b.A = s["AA"] / N
-            elif b.kind == "bias":
-                b.A = torch.ones((1, 1), dtype=b.G.dtype, device=b.G.device) * (s["count"] / N)
-            else:
-                top = torch.cat([s["AA"], s["asum"][:, None]], 1)
-                bot = torch.cat([s["asum"][None, :], torch.full((1, 1), s["count"], dtype=b.G.dtype,
-                                                                device=b.G.device)], 1)
-                b.A = torch.cat([top, bot], 0) / N
-            for fname, f in (("G", b.G), ("A", b.A)):
-                if not bool(torch.isfinite(f).all()):
-                    raise FloatingPointError(f"{owner}: the Kronecker factor {fname} of layer '{b.name}' has "
-                                             f"non-finite entries (check the model's outputs and the data)")
-            b.eig_out, b.q_out = torch.linalg.eigh(b.G)
-            b.eig_in, b.q_in = torch.linalg.eigh(b.A)
-            b.eig_out = b.eig_out.clamp_min(0)
-            b.eig_in = b.eig_in.clamp_min(0)
+            s = stats[id(b.module)]
+            A_full = s["A"] / N
+            b.G = s["G"]
+            b.A = {"weight": A_full[:b.in_dim, :b.in_dim], "bias": A_full[-1:, -1:], "joint": A_full}[b.kind]
+            b.eig_out, b.q_out = eigen_basis(b.G)
+            b.eig_in, b.q_in = eigen_basis(b.A)
         if self._ekfac:
-            self._fit_ekfac(train_loader)
+            if gen is not None:
+                gen.set_state(gen_state)
+            self._fit_ekfac(train_loader, layers, gen)
         self.mean = torch.cat([p.detach().reshape(-1) for p in self.params])
         self._fitted = True
 
-    def _fit_ekfac(self, train_loader) -> None:
+    def _fit_ekfac(self, train_loader, layers: Dict[str, nn.Module], gen) -> None:
+        r"""Second pass: :math:`s = \sum_n\sum_c (Q_G^T\,\nabla_W\ell_{n,c}\,Q_A)^{\odot 2}` per block
+        (curvature's hooks, output gradients and per-example second moments)."""
         for b in self._blocks:
             b.scales = torch.zeros(b.out_dim, b.in_dim, dtype=b.G.dtype, device=b.G.device)
-        for batch in train_loader:
-            X, y = _unpack(batch, "train_loader")
-            X, y = X.to(self._device), y.to(self._device)
-            out, cap = self._forward_capture(X)
-            _, cols = self._columns(out, y)
-            grads = self._backprop(out, cap, cols)
-            for b in self._blocks:
-                a, g = grads[id(b.module)]
-                u = g @ b.q_out  # (C, B, L, out)
-                v = self._block_inputs(b, a) @ b.q_in  # (B, L, in)
-                if u.shape[2] == 1:
-                    b.scales += torch.einsum("cbo,bj->oj", u[:, :, 0].square(), v[:, 0].square())
-                else:  # per-example gradient sum_l u_l v_l^T, then squared
-                    b.scales += torch.einsum("cblo,blj->cboj", u, v).square().sum((0, 1))
+        fisher = "type-2" if self.fisher_type == "ggn" else self.fisher_type
+        params = [p for b in self._blocks for p in b.params]
+        by_name = {}
         for b in self._blocks:
-            if not bool(torch.isfinite(b.scales).all()):
-                raise FloatingPointError(f"{type(self).__name__}: the EK-FAC second moments of layer '{b.name}' "
-                                         f"have non-finite entries")
+            by_name.setdefault(b.module_name, []).append(b)
+        with KFACHooks(layers) as hooks, torch.enable_grad():
+            for X, y in self._data(train_loader, False):
+                hooks.clear()
+                out = self.model(X)
+                es = output_gradients(out, y, self.likelihood, fisher, 1.0, self.mc_samples, gen)
+                hooks.record_grads = True
+                for i, e in enumerate(es):
+                    torch.autograd.grad(out, params, grad_outputs=e.to(out.dtype), retain_graph=i < len(es) - 1,
+                                        allow_unused=True)
+                hooks.record_grads = False
+                for name, mod in layers.items():
+                    a_full = input_patches(mod, hooks.inputs[name])
+                    gs = [output_grads(mod, g) for g in hooks.grads[name]]
+                    for b in by_name[name]:
+                        a = block_inputs(b, a_full)
+                        b.scales += sum(per_example_second_moments(a, g, b.q_in, b.q_out) for g in gs)
+                hooks.clear()
+        for b in self._blocks:
+            check_finite(b.name, "EK-FAC second moments", b.scales)
 
     # ------------------------------------------------------------------------ the posterior
     def _precision_eigs(self, i: int, b: Block, h=None, delta=None) -> torch.Tensor:
@@ -661,7 +648,7 @@ class _KroneckerLaplace:
         for b in self._blocks:
             a, g = grads[id(b.module)]
             u = g @ b.q_out  # (K, B, L, out)
-            v = self._block_inputs(b, a) @ b.q_in  # (B, L, in)
+            v = block_inputs(b, a) @ b.q_in  # (B, L, in)
             if not self.enable_backprop:
                 u, v = u.detach(), v.detach()
             if u.shape[2] == 1:
