@@ -455,3 +455,58 @@ def test_non_finite_factors_name_the_layer():
     X[3, 0] = float("inf")
     with pytest.raises(FloatingPointError, match="input factor A of layer '0'"):
         KFACLaplace(model, "regression").fit(_loader(X, y))
+
+
+# ---------------------------------------------------------------------------- factors from elsewhere
+@pytest.mark.parametrize("likelihood", ["classification", "regression"])
+def test_from_curvature_equals_fit(likelihood):
+    from vmfdist.curvature import compute_kfac
+
+    model = _mlp()
+    X, y = _data(likelihood)
+    loader = _loader(X, y)
+    kw = dict(prior_precision=0.6, sigma_noise=0.7) if likelihood == "regression" else dict(prior_precision=0.6)
+    for sep in (True, False):
+        ref = KFACLaplace(model, likelihood, separate_weight_and_bias=sep, **kw)
+        ref.fit(loader)
+        # curvature for sigma_noise 0.5: from_curvature rescales G to unit noise
+        curv = compute_kfac(model, loader, likelihood, sigma_noise=0.5 if likelihood == "regression" else 1.0)
+        la = KFACLaplace.from_curvature(model, likelihood, curv, loader, separate_weight_and_bias=sep, **kw)
+        assert abs(float(la.log_marginal_likelihood() - ref.log_marginal_likelihood())) < 1e-12 * abs(
+            float(ref.log_marginal_likelihood()))
+        assert _rel(la._glm_predictive_distribution(X[:5])[1], ref._glm_predictive_distribution(X[:5])[1]) < 1e-12
+    ek_ref = EKFACLaplace(model, likelihood, separate_weight_and_bias=False, **kw)
+    ek_ref.fit(loader)
+    ek = EKFACLaplace.from_curvature(model, likelihood, compute_kfac(model, loader, likelihood, ekfac=True), loader,
+                                     **kw)
+    assert abs(float(ek.log_marginal_likelihood() - ek_ref.log_marginal_likelihood())) < 1e-12 * abs(
+        float(ek_ref.log_marginal_likelihood()))
+    assert _rel(ek._glm_predictive_distribution(X[:5])[1], ek_ref._glm_predictive_distribution(X[:5])[1]) < 1e-10
+
+
+def test_from_curvature_without_data_and_missing_num_data():
+    from vmfdist.curvature import compute_kfac
+
+    model = _mlp()
+    X, y = _data("classification")
+    loader = _loader(X, y)
+    curv = compute_kfac(model, loader, "classification")
+    la = KFACLaplace.from_curvature(model, "classification", curv)  # no train_loader: no log-likelihood
+    with pytest.raises(ValueError, match="needs the training loss: pass train_loader"):
+        la.log_marginal_likelihood()
+    ref = KFACLaplace(model, "classification", separate_weight_and_bias=False)
+    ref.fit(loader)
+    la.optimize_prior_precision(n_steps=20)
+    ref.optimize_prior_precision(n_steps=20)
+    assert _rel(la.prior_precision, ref.prior_precision) < 1e-12
+    assert _rel(la(X[:4]), ref(X[:4])) < 1e-12
+    plain = {name: {"A": lf.A, "G": lf.G} for name, lf in curv.layers.items()}
+    with pytest.raises(ValueError, match="num_data .* is required"):
+        KFACLaplace.from_curvature(model, "classification", plain)
+    la2 = KFACLaplace.from_curvature(model, "classification", plain, num_data=40, prior_precision=ref.prior_precision)
+    assert _rel(la2(X[:4]), ref(X[:4])) < 1e-12
+    with pytest.raises(ValueError, match="does not match the curvature's likelihood"):
+        KFACLaplace.from_curvature(model, "regression", curv)
+    with pytest.raises(ValueError, match="needs separate_weight_and_bias=False"):
+        EKFACLaplace.from_curvature(model, "classification", compute_kfac(model, loader, "classification",
+                                                                          ekfac=True), separate_weight_and_bias=True)

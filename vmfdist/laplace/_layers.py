@@ -79,11 +79,32 @@ def check_module(name: str, module: nn.Module, owner: str) -> None:
                      f"requires_grad_(False) to leave them out of the Laplace approximation.")
 
 
-def find_blocks(model: nn.Module, separate_weight_and_bias: bool, owner: str) -> List[Block]:
+def find_blocks(model: nn.Module, separate_weight_and_bias: bool, owner: str, modules=None) -> List[Block]:
     """The blocks of the posterior, in the order of ``model.parameters()`` (the order of
-    laplace-torch's parameter vector and per-layer prior precisions)."""
+    laplace-torch's parameter vector and per-layer prior precisions).  With ``modules`` (layers
+    or their names), only those layers' trainable parameters are covered; the model's other
+    parameters are held at their values."""
+    named = dict(model.named_modules())
+    chosen = None
+    if modules is not None:
+        by_id = {id(m): n for n, m in named.items()}
+        chosen = set()
+        for item in modules:
+            if isinstance(item, str):
+                if item not in named:
+                    raise ValueError(f"{owner}: modules: {item!r} is not a submodule of the model")
+                item = named[item]
+            if not isinstance(item, nn.Module) or id(item) not in by_id:
+                raise ValueError(f"{owner}: modules must hold submodules of the model or their names, got "
+                                 f"{type(item).__name__}")
+            check_module(by_id[id(item)] or "<model>", item, owner)
+            chosen.add(id(item))
+        if not chosen:
+            raise ValueError(f"{owner}: modules is empty")
     owner_of: Dict[int, tuple] = {}
     for mname, mod in model.named_modules():
+        if chosen is not None and id(mod) not in chosen:
+            continue
         for pname, p in mod.named_parameters(recurse=False):
             if not p.requires_grad:
                 continue
@@ -95,7 +116,7 @@ def find_blocks(model: nn.Module, separate_weight_and_bias: bool, owner: str) ->
     blocks: List[Block] = []
     seen_modules = set()
     for p in model.parameters():
-        if not p.requires_grad:
+        if not p.requires_grad or id(p) not in owner_of:
             continue
         mname, mod, pname = owner_of[id(p)]
         check_module(mname or "<model>", mod, owner)

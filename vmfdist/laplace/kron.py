@@ -72,7 +72,7 @@ class _KroneckerLaplace:
                  prior_precision: Union[float, torch.Tensor] = 1.0, prior_mean: Union[float, torch.Tensor] = 0.0,
                  temperature: float = 1.0, enable_backprop: bool = False, *, damping: bool = False,
                  fisher_type: str = "ggn", kfac_approx: str = "expand", separate_weight_and_bias: bool = True,
-                 mc_samples: int = 1, generator: Optional[torch.Generator] = None):
+                 mc_samples: int = 1, generator: Optional[torch.Generator] = None, modules=None):
         owner = type(self).__name__
         if not isinstance(model, nn.Module):
             raise TypeError(f"{owner}: model must be a torch.nn.Module, got {type(model).__name__}")
@@ -99,8 +99,9 @@ class _KroneckerLaplace:
         self.generator = generator
         self.enable_backprop = bool(enable_backprop)
         self.temperature = float(temperature)
-        self._blocks: List[Block] = find_blocks(model, self.separate_weight_and_bias, owner)
-        self.params: List[nn.Parameter] = [p for p in model.parameters() if p.requires_grad]
+        self._blocks: List[Block] = find_blocks(model, self.separate_weight_and_bias, owner, modules)
+        covered = {id(p) for b in self._blocks for p in b.params}
+        self.params: List[nn.Parameter] = [p for p in model.parameters() if id(p) in covered]
         self.n_params = sum(p.numel() for p in self.params)
         self.n_layers = len(self._blocks)
         self._offsets: Dict[int, int] = {}
@@ -357,20 +358,165 @@ class _KroneckerLaplace:
             s["A"] = s["A"] + lf.A * N_new  # sums over the data
             s["G"] = s["G"] + lf.G * N_new
         self.n_data += N_new
-        N = self.n_data
-        for b in self._blocks:
-            s = stats[id(b.module)]
-            A_full = s["A"] / N
-            b.G = s["G"]
-            b.A = {"weight": A_full[:b.in_dim, :b.in_dim], "bias": A_full[-1:, -1:], "joint": A_full}[b.kind]
-            b.eig_out, b.q_out = eigen_basis(b.G)
-            b.eig_in, b.q_in = eigen_basis(b.A)
+        self._set_factors()
         if self._ekfac:
             if gen is not None:
                 gen.set_state(gen_state)
             self._fit_ekfac(train_loader, layers, gen)
         self.mean = torch.cat([p.detach().reshape(-1) for p in self.params])
         self._fitted = True
+
+    def _set_factors(self) -> None:
+        """Each block's ``G`` (summed over the data) and ``A`` (averaged) from the layers'
+        summed factors in ``self._stats`` (joint weight-and-bias layout, as
+        :mod:`vmfdist.curvature` computes them), and their eigendecompositions."""
+        N = self.n_data
+        for b in self._blocks:
+            s = self._stats[id(b.module)]
+            A_full = s["A"] / N
+            b.G = s["G"]
+            b.A = {"weight": A_full[:b.in_dim, :b.in_dim], "bias": A_full[-1:, -1:], "joint": A_full}[b.kind]
+            b.eig_out, b.q_out = eigen_basis(b.G)
+            b.eig_in, b.q_in = eigen_basis(b.A)
+
+    @classmethod
+    def from_curvature(cls, model: nn.Module, likelihood: str, curvature, train_loader=None, *,
+                       num_data: Optional[int] = None, **kwargs):
+        r"""A Laplace approximation from Kronecker factors computed elsewhere, with no
+        curvature pass of its own.
+
+        Args:
+            model: the network at the MAP estimate.
+            likelihood: ``"classification"`` or ``"regression"``.
+            curvature: a :class:`vmfdist.curvature.KFACResult` (from
+                :func:`~vmfdist.curvature.compute_kfac`) or a mapping from layer names to
+                objects or dicts with ``A`` and ``G``: the curvature *per data point*
+                :math:`G\otimes A` in curvature's layout (the bias as an appended input of 1),
+                for a Gaussian likelihood of standard deviation ``curvature.sigma_noise`` (1
+                for a mapping).  For :class:`EKFACLaplace` also the second moments
+                ``eigenvalues`` (or ``S``) in the basis ``q_g``, ``q_a`` (joint blocks only).
+            train_loader: the training data, for the log-likelihood term of the evidence (one
+                forward pass, no backward).  Without it, :meth:`log_marginal_likelihood` is not
+                available, but the posterior, the predictive and ``optimize_prior_precision``
+                (marginal likelihood up to the constant log-likelihood) are.
+            num_data: :math:`N`; required unless ``curvature`` carries it.
+            **kwargs: as for the constructor (``separate_weight_and_bias``, ``prior_precision``,
+                ``sigma_noise``, ``temperature``, ...).  Only the layers in ``curvature`` are covered.
+        """
+        layers = curvature.layers if hasattr(curvature, "layers") else curvature
+        if not hasattr(layers, "items") or len(layers) == 0:
+            raise ValueError("curvature must be a vmfdist.curvature.KFACResult or a non-empty mapping from layer "
+                             "names to factors")
+        N = num_data if num_data is not None else getattr(curvature, "num_data", None)
+        if N is None:
+            raise ValueError("num_data (the number of training examples N) is required: the factors are per data "
+                             "point and the posterior precision is N * G (x) A + prior")
+        if not (isinstance(N, int) and N >= 1):
+            raise ValueError(f"num_data must be a positive int, got {N!r}")
+        c_like = getattr(curvature, "likelihood", likelihood)
+        if c_like != likelihood:
+            raise ValueError(f"likelihood {likelihood!r} does not match the curvature's likelihood {c_like!r}")
+        c_sigma2 = float(getattr(curvature, "sigma_noise", 1.0)) ** 2
+        kwargs.setdefault("separate_weight_and_bias", False)
+        la = cls(model, likelihood, modules=list(layers.keys()), **kwargs)
+
+        def get(f, *names):
+            for n in names:
+                v = f.get(n) if isinstance(f, dict) else getattr(f, n, None)
+                if v is not None:
+                    return v
+            return None
+
+        la._stats = {}
+        mods = la._layers_dict()
+        for name, mod in mods.items():
+            f = layers[name]
+            A, G = get(f, "A"), get(f, "G")
+            if A is None or G is None:
+                raise ValueError(f"curvature[{name!r}] has no A or G factor")
+            n_in = mod.weight[0].numel() + (mod.bias is not None)
+            if tuple(A.shape) != (n_in, n_in) or tuple(G.shape) != (mod.weight.shape[0],) * 2:
+                raise ValueError(f"curvature[{name!r}]: A must be {n_in} x {n_in} (inputs with an appended 1 for "
+                                 f"the bias) and G {mod.weight.shape[0]} square, got {tuple(A.shape)} and "
+                                 f"{tuple(G.shape)}")
+            la._stats[id(mod)] = {"A": A.detach().to(la._dtype) * N, "G": G.detach().to(la._dtype) * (N * c_sigma2)}
+            check_finite(name, "input factor A", A)
+            check_finite(name, "gradient factor G", G)
+        la.n_data = N
+        la._set_factors()
+        if la._ekfac:
+            for b in la._blocks:
+                f = layers[b.module_name]
+                S, q_a, q_g = get(f, "eigenvalues", "S"), get(f, "q_a"), get(f, "q_g")
+                if S is None or q_a is None or q_g is None:
+                    raise ValueError(f"EKFACLaplace.from_curvature: curvature[{b.module_name!r}] needs the EK-FAC "
+                                     f"second moments (eigenvalues / S) and the bases q_a, q_g")
+                if b.kind == "bias" or (b.kind == "weight" and b.module.bias is not None):
+                    raise ValueError("EKFACLaplace.from_curvature needs separate_weight_and_bias=False: the second "
+                                     "moments are given in the joint weight-and-bias eigenbasis")
+                b.q_out, b.q_in = q_g.detach().to(la._dtype), q_a.detach().to(la._dtype)
+                b.scales = S.detach().to(la._dtype) * (N * c_sigma2)
+                check_finite(b.name, "EK-FAC second moments", b.scales)
+        la.mean = torch.cat([p.detach().reshape(-1) for p in la.params])
+        la._fitted = True
+        if train_loader is not None:
+            la.loss = 0.0
+            seen = 0
+            with torch.no_grad():
+                for X, y in la._data(train_loader, False):
+                    out = la.model(X)
+                    la.loss = la.loss + la._check_batch(out, y)
+                    la.n_outputs = out.shape[1]
+                    seen += out.shape[0]
+            if seen == 0:
+                raise ValueError("train_loader yielded no data")
+        else:
+            la.loss = None
+        return la
+
+    @classmethod
+    def from_optimizer(cls, optimizer, train_loader=None, **kwargs):
+        r"""A Laplace approximation that reuses a trained noisy K-FAC / EK-FAC optimizer's
+        (:mod:`vmfdist.optim`) Kronecker factors: no curvature pass.
+
+        The optimizer's variational posterior has precision
+        :math:`rac N\lambda\,(G\otimes A) + rac1\eta I` (KL weight :math:`\lambda`, prior
+        variance :math:`\eta`), so the defaults are ``prior_precision = 1/prior_var`` and
+        ``temperature = kl_weight``, with the optimizer's ``sigma_noise``; any of them can be
+        overridden.  The prior is added exactly in the eigenbasis (the optimizer's factored
+        damping with :math:`\pi` is not reproduced).  :class:`EKFACLaplace` needs a
+        ``NoisyEKFAC`` (its second moments, in its eigenbasis); :class:`KFACLaplace` takes
+        either.  ``train_loader`` as for :meth:`from_curvature`."""
+        for attr in ("model", "layers", "state", "num_data", "likelihood"):
+            if not hasattr(optimizer, attr):
+                raise TypeError(f"from_optimizer expects a vmfdist.optim NoisyKFAC / NoisyEKFAC optimizer (missing "
+                                f"attribute {attr!r}), got {type(optimizer).__name__}")
+        hp = getattr(optimizer, "hp", {})
+        sigma = float(getattr(optimizer, "sigma_noise", 1.0))
+        factors = {}
+        for name, mod in optimizer.layers.items():
+            st = optimizer.state[mod.weight]
+            f = {"A": st["A"], "G": st["G"]}
+            if cls._ekfac:
+                if "S" not in st:
+                    raise ValueError("EKFACLaplace.from_optimizer needs a NoisyEKFAC optimizer (second moments in "
+                                     "the eigenbasis); use KFACLaplace.from_optimizer for NoisyKFAC")
+                f.update(S=st["S"], q_a=st["q_a"], q_g=st["q_g"])
+            factors[name] = f
+
+        class _Curv:  # the optimizer's factors, per data point, for its sigma_noise
+            pass
+
+        curv = _Curv()
+        curv.layers, curv.num_data, curv.likelihood, curv.sigma_noise = factors, optimizer.num_data, \
+            optimizer.likelihood, sigma
+        if "prior_var" in hp:
+            kwargs.setdefault("prior_precision", 1.0 / hp["prior_var"])
+        if hp.get("kl_weight", 0) > 0:
+            kwargs.setdefault("temperature", float(hp["kl_weight"]))
+        if optimizer.likelihood == "regression":
+            kwargs.setdefault("sigma_noise", sigma)
+        return cls.from_curvature(optimizer.model, optimizer.likelihood, curv, train_loader, **kwargs)
 
     def _fit_ekfac(self, train_loader, layers: Dict[str, nn.Module], gen) -> None:
         r"""Second pass: :math:`s = \sum_n\sum_c (Q_G^T\,\nabla_W\ell_{n,c}\,Q_A)^{\odot 2}` per block
@@ -483,6 +629,9 @@ class _KroneckerLaplace:
         :math:`-\\sum_n \\mathrm{CE}_n / T` (classification) or
         :math:`-\\frac{1}{2\\sigma^2T}\\sum_n\\|f_n - y_n\\|^2 - NK\\log(\\sigma\\sqrt{2\\pi})` (regression)."""
         self._check_fitted()
+        if self.loss is None:
+            raise ValueError("the log-likelihood needs the training loss: pass train_loader to from_curvature / "
+                             "from_optimizer (or use fit)")
         factor = -self._H_factor
         if self.likelihood == "regression":
             c = self.n_data * self.n_outputs * torch.log(self.sigma_noise * math.sqrt(2 * math.pi))
@@ -579,7 +728,9 @@ class _KroneckerLaplace:
             opt = torch.optim.Adam([log_pp], lr=lr)
             for _ in range(n_steps):
                 opt.zero_grad()
-                neg = -self.log_marginal_likelihood(prior_precision=log_pp.exp())
+                self.prior_precision = log_pp.exp()
+                # the log-likelihood term does not depend on the prior precision
+                neg = 0.5 * (self.log_det_ratio + self.scatter)
                 neg.backward()
                 opt.step()
             self.prior_precision = log_pp.detach().exp()
