@@ -23,7 +23,7 @@ the prior is added *exactly* in the Kronecker eigenbasis:
 ``damping=True`` gives the paper's :math:`\sqrt{\cdot}`-damped form
 :math:`(\sqrt h\,G + \sqrt\delta\,I)\otimes(\sqrt h\,A + \sqrt\delta\,I)` (eigenvalues
 :math:`(\sqrt h\lambda_i + \sqrt\delta)(\sqrt h\mu_j + \sqrt\delta)`), a true Kronecker
-product whose posterior is a :class:`~vmfdist.distributions.MatrixNormal`.
+product whose posterior is a :class:`~vmfdist.distributions.matrix_normal.MatrixNormal`.
 :class:`EKFACLaplace` replaces :math:`\lambda_i\mu_j` by the EK-FAC second moments
 :math:`s_{ij} = \sum_n\sum_c\big[(Q_G^T\,\nabla_{W}\ell_{n,c}\,Q_A)_{ij}\big]^2`, the exact
 diagonal of the block's GGN in the K-FAC eigenbasis.
@@ -68,7 +68,7 @@ class _KroneckerLaplace:
 
     _ekfac = False
 
-    def __init__(self, model: nn.Module, likelihood: str, sigma_noise: Union[float, torch.Tensor] = 1.0,
+    def __init__(self, model: torch.nn.Module, likelihood: str, sigma_noise: Union[float, torch.Tensor] = 1.0,
                  prior_precision: Union[float, torch.Tensor] = 1.0, prior_mean: Union[float, torch.Tensor] = 0.0,
                  temperature: float = 1.0, enable_backprop: bool = False, *, damping: bool = False,
                  fisher_type: str = "ggn", kfac_approx: str = "expand", separate_weight_and_bias: bool = True,
@@ -131,7 +131,7 @@ class _KroneckerLaplace:
         return self.params[0].dtype
 
     @property
-    def blocks(self) -> List[Block]:
+    def blocks(self) -> list:
         """The Kronecker blocks (name, layer, kind, factors, eigenbases), in parameter order."""
         return self._blocks
 
@@ -315,7 +315,7 @@ class _KroneckerLaplace:
     def fit(self, train_loader, override: bool = True, progress_bar: bool = False) -> None:
         """Collect the Kronecker factors over ``train_loader`` (``(X, y)`` batches) at the
         model's current parameters (the MAP estimate) with
-        :func:`vmfdist.curvature.compute_kfac`, eigendecompose them, and (EK-FAC) collect the
+        ``vmfdist.curvature.compute_kfac``, eigendecompose them, and (EK-FAC) collect the
         second moments in the eigenbasis in a second pass over the data.
 
         ``override=False`` adds the data to the factors of the previous ``fit`` (K-FAC only).
@@ -369,7 +369,7 @@ class _KroneckerLaplace:
     def _set_factors(self) -> None:
         """Each block's ``G`` (summed over the data) and ``A`` (averaged) from the layers'
         summed factors in ``self._stats`` (joint weight-and-bias layout, as
-        :mod:`vmfdist.curvature` computes them), and their eigendecompositions."""
+        ``vmfdist.curvature`` computes them), and their eigendecompositions."""
         N = self.n_data
         for b in self._blocks:
             s = self._stats[id(b.module)]
@@ -380,7 +380,7 @@ class _KroneckerLaplace:
             b.eig_in, b.q_in = eigen_basis(b.A)
 
     @classmethod
-    def from_curvature(cls, model: nn.Module, likelihood: str, curvature, train_loader=None, *,
+    def from_curvature(cls, model: torch.nn.Module, likelihood: str, curvature, train_loader=None, *,
                        num_data: Optional[int] = None, **kwargs):
         r"""A Laplace approximation from Kronecker factors computed elsewhere, with no
         curvature pass of its own.
@@ -388,8 +388,8 @@ class _KroneckerLaplace:
         Args:
             model: the network at the MAP estimate.
             likelihood: ``"classification"`` or ``"regression"``.
-            curvature: a :class:`vmfdist.curvature.KFACResult` (from
-                :func:`~vmfdist.curvature.compute_kfac`) or a mapping from layer names to
+            curvature: a ``vmfdist.curvature.KFACResult`` (from
+                ``compute_kfac``) or a mapping from layer names to
                 objects or dicts with ``A`` and ``G``: the curvature *per data point*
                 :math:`G\otimes A` in curvature's layout (the bias as an appended input of 1),
                 for a Gaussian likelihood of standard deviation ``curvature.sigma_noise`` (1
@@ -477,10 +477,10 @@ class _KroneckerLaplace:
     @classmethod
     def from_optimizer(cls, optimizer, train_loader=None, **kwargs):
         r"""A Laplace approximation that reuses a trained noisy K-FAC / EK-FAC optimizer's
-        (:mod:`vmfdist.optim`) Kronecker factors: no curvature pass.
+        (``vmfdist.optim``) Kronecker factors: no curvature pass.
 
         The optimizer's variational posterior has precision
-        :math:`rac N\lambda\,(G\otimes A) + rac1\eta I` (KL weight :math:`\lambda`, prior
+        :math:`\frac N\lambda\,(G\otimes A) + \frac1\eta I` (KL weight :math:`\lambda`, prior
         variance :math:`\eta`), so the defaults are ``prior_precision = 1/prior_var`` and
         ``temperature = kl_weight``, with the optimizer's ``sigma_noise``; any of them can be
         overridden.  The prior is added exactly in the eigenbasis (the optimizer's factored
@@ -565,9 +565,9 @@ class _KroneckerLaplace:
     def posterior(self) -> Dict[str, torch.distributions.Distribution]:
         """The posterior of each block as a distribution over its ``(out, in)`` parameter
         matrix (a bias is an ``(out, 1)`` matrix; a joint block's last column is the bias):
-        :class:`~vmfdist.distributions.EigenvalueCorrectedMatrixNormal` with bases
+        :class:`~vmfdist.distributions.matrix_normal.EigenvalueCorrectedMatrixNormal` with bases
         :math:`Q_G, Q_A` and variances ``1 / (precision eigenvalues)``, or, for K-FAC with
-        ``damping=True``, the :class:`~vmfdist.distributions.MatrixNormal` with
+        ``damping=True``, the :class:`~vmfdist.distributions.matrix_normal.MatrixNormal` with
         :math:`U = (\\sqrt h G + \\sqrt\\delta I)^{-1}` and :math:`V = (\\sqrt h A + \\sqrt\\delta I)^{-1}`."""
         self._check_fitted()
         out = {}
