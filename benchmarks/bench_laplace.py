@@ -36,7 +36,9 @@ MODELS = ("uci_mlp", "digits_mlp", "digits_cnn")
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", nargs="*", default=list(MODELS))
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads for everyone (default 1: on a shared, loaded 2-core machine two OpenMP threads "
+                        "wait on each other in every small op)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--max-call", type=float, default=20.0, help="cap (s) on one call of a slow implementation")
 
