@@ -46,7 +46,8 @@ def _use_cuda():
 def extensions():
     use_cuda = _use_cuda()
     sources = ["csrc/ops.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
-    include_dirs = [os.path.join(ROOT, "csrc", "include")]
+    # csrc/include: the host-device math (no ATen); csrc/host: host-side checks and orchestration
+    include_dirs = [os.path.join(ROOT, "csrc", "include"), os.path.join(ROOT, "csrc")]
     cxx = ["-O3", "-std=c++20", "-fno-math-errno", "-ffp-contract=off", "-fopenmp"]
     extra = {"cxx": cxx}
     define_macros = []

@@ -1,6 +1,6 @@
 """Sphinx configuration for vmfdist.
 
-The documentation builds without compiling the extension.  ``vmfdist.ops`` does
+The documentation builds without compiling the extension.  ``vmfdist._ops`` does
 ``from . import _C`` and then registers fake kernels and autograd formulas for the
 ``torch.ops.vmfdist.*`` operators at import time, which needs the operator
 schemas to exist.  When the compiled ``vmfdist._C`` cannot be imported, the shim

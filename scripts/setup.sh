@@ -23,5 +23,5 @@ export MAX_JOBS=${MAX_JOBS:-2}
 "$PY" - <<'PYEOF'
 import torch, vmfdist
 print(f"vmfdist {vmfdist.__version__} built against torch {torch.__version__}; "
-      f"CUDA kernels compiled: {vmfdist.ops.has_cuda_kernels()}")
+      f"CUDA kernels compiled: {torch._C._dispatch_has_kernel_for_dispatch_key('vmfdist::log_bessel_iv', 'CUDA')}")
 PYEOF

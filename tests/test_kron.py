@@ -19,7 +19,8 @@ from torch.distributions import Independent, MultivariateNormal, Normal, kl_dive
 
 from vmfdist.distributions import EigenvalueCorrectedMatrixNormal, MatrixNormal
 from vmfdist.distributions import matrix_normal as mn
-from vmfdist.ops import kron_eigen_matvec, kron_eigen_sample, vmf
+from vmfdist._ops import lib
+from vmfdist.linalg import kron_eigen_matvec, kron_eigen_sample
 from vmfdist.testing import cpu_and_cuda
 
 F64 = torch.float64
@@ -207,7 +208,7 @@ def test_matvec_and_sample_broadcast_trailing_scale():
         torch.testing.assert_close(kron_eigen_matvec(qo, qi, s, v, 0.5), dense_matvec(qo, qi, s.expand(4, 3), v, 0.5),
                                    rtol=1e-12, atol=1e-12)
         assert torch.autograd.gradcheck(lambda t: kron_eigen_matvec(qo, qi, t, v, 0.5), (s,))
-        assert torch.autograd.gradcheck(lambda t: vmf.kron_eigen_sample(v, qo, qi, t, 2, 5, 0), (s,))
+        assert torch.autograd.gradcheck(lambda t: lib.kron_eigen_sample(v, qo, qi, t, 2, 5, 0), (s,))
 
 
 def test_matvec_power_algebra():
@@ -296,10 +297,10 @@ def test_matvec_errors():
 def test_opcheck_kron_ops():
     qo, qi = randn((2, 3, 3), 0), randn((4, 4), 1)
     s, v = pos((3, 4), 2), randn((2, 3, 4), 3)
-    torch.library.opcheck(vmf.kron_eigen_matvec, (qo, qi, s, v, 0.5))
-    torch.library.opcheck(vmf.kron_eigen_matvec, (qo.float(), qi.float(), s.float(), v.float()))
-    torch.library.opcheck(vmf.kron_eigen_noise, (s, [2, 3, 4], 7, 1, -0.5))
-    torch.library.opcheck(vmf.kron_eigen_sample, (v, qo, qi, s, 3, 123, 0))
+    torch.library.opcheck(lib.kron_eigen_matvec, (qo, qi, s, v, 0.5))
+    torch.library.opcheck(lib.kron_eigen_matvec, (qo.float(), qi.float(), s.float(), v.float()))
+    torch.library.opcheck(lib.kron_eigen_noise, (s, [2, 3, 4], 7, 1, -0.5))
+    torch.library.opcheck(lib.kron_eigen_sample, (v, qo, qi, s, 3, 123, 0))
 
 
 # ---------------------------------------------------------------------------
@@ -311,31 +312,31 @@ def test_noise_contract_and_thread_independence():
     same tensor on any thread count; rows are the Philox streams (the float32 and float64
     Box-Muller use the same words, so they agree to float rounding)."""
     loc, qo, qi, var = randn((2, 5, 7), 0), orth(5, 1), orth(7, 2), pos((5, 7), 3)
-    w = vmf.kron_eigen_sample(loc, qo, qi, var, 3, 99, 5)
-    e = vmf.kron_eigen_noise(var, [3, 2, 5, 7], 99, 5, 0.5)
+    w = lib.kron_eigen_sample(loc, qo, qi, var, 3, 99, 5)
+    e = lib.kron_eigen_noise(var, [3, 2, 5, 7], 99, 5, 0.5)
     torch.testing.assert_close(w, loc + qo @ e @ qi.T, rtol=0, atol=1e-14)
-    unit = vmf.kron_eigen_noise(torch.ones(1, 1, dtype=F64), [3, 2, 5, 7], 99, 5, 1.0)
+    unit = lib.kron_eigen_noise(torch.ones(1, 1, dtype=F64), [3, 2, 5, 7], 99, 5, 1.0)
     torch.testing.assert_close(e, unit * var.sqrt(), rtol=1e-15, atol=0)
-    e32 = vmf.kron_eigen_noise(torch.ones(1, 1), [3, 2, 5, 7], 99, 5, 1.0)
+    e32 = lib.kron_eigen_noise(torch.ones(1, 1), [3, 2, 5, 7], 99, 5, 1.0)
     assert (e32.double() - unit).abs().max() < 1e-5
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        a = vmf.kron_eigen_noise(var.float(), [64, 5, 7], 3, 0, 0.5)
+        a = lib.kron_eigen_noise(var.float(), [64, 5, 7], 3, 0, 0.5)
         torch.set_num_threads(max(2, threads))
-        b = vmf.kron_eigen_noise(var.float(), [64, 5, 7], 3, 0, 0.5)
+        b = lib.kron_eigen_noise(var.float(), [64, 5, 7], 3, 0, 0.5)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(a, b)
-    assert not torch.equal(a, vmf.kron_eigen_noise(var.float(), [64, 5, 7], 4, 0, 0.5))
-    assert not torch.equal(a, vmf.kron_eigen_noise(var.float(), [64, 5, 7], 3, 1, 0.5))
+    assert not torch.equal(a, lib.kron_eigen_noise(var.float(), [64, 5, 7], 4, 0, 0.5))
+    assert not torch.equal(a, lib.kron_eigen_noise(var.float(), [64, 5, 7], 3, 1, 0.5))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 def test_noise_moments(dtype):
     """Mean 0, variance 1, no correlation between neighbouring entries, rows and samples."""
     n = 200_000
-    e = vmf.kron_eigen_noise(torch.ones(1, 1, dtype=dtype), [n // 40, 4, 10], 11, 0, 0.5).double()
+    e = lib.kron_eigen_noise(torch.ones(1, 1, dtype=dtype), [n // 40, 4, 10], 11, 0, 0.5).double()
     x = e.reshape(-1)
     assert abs(x.mean().item()) < Z / math.sqrt(n)
     assert abs(x.var().item() - 1) < Z * math.sqrt(2 / n)
@@ -350,13 +351,13 @@ def test_sample_and_noise_gradcheck():
     var = pos((2, 3, 4), 3).requires_grad_()
 
     def f(a, b, c, d):
-        return vmf.kron_eigen_sample(a, b, c, d, 3, 123, 0)
+        return lib.kron_eigen_sample(a, b, c, d, 3, 123, 0)
 
     assert torch.autograd.gradcheck(f, (loc, qo, qi, var))
     assert torch.autograd.gradgradcheck(f, (loc, qo, qi, var))
-    g = lambda d: vmf.kron_eigen_noise(d, [3, 2, 3, 4], 5, 1, 0.7)  # noqa: E731
+    g = lambda d: lib.kron_eigen_noise(d, [3, 2, 3, 4], 5, 1, 0.7)  # noqa: E731
     assert torch.autograd.gradcheck(g, (var,)) and torch.autograd.gradgradcheck(g, (var,))
-    assert torch.autograd.gradcheck(lambda d: vmf.kron_eigen_noise(d, [3, 2, 3, 4], 5, 1, 0.0), (var,))
+    assert torch.autograd.gradcheck(lambda d: lib.kron_eigen_noise(d, [3, 2, 3, 4], 5, 1, 0.0), (var,))
 
 
 def test_sample_wrapper_generator_and_shapes():
@@ -374,15 +375,15 @@ def test_sample_wrapper_generator_and_shapes():
 def test_sample_errors():
     loc, qo, qi, var = randn((5, 3), 0), orth(5, 1), orth(3, 2), pos((5, 3), 3)
     with pytest.raises(RuntimeError, match="variance must have trailing shape"):
-        vmf.kron_eigen_sample(loc, qo, qi, var.T, 2, 0, 0)
+        lib.kron_eigen_sample(loc, qo, qi, var.T, 2, 0, 0)
     with pytest.raises(RuntimeError, match="q_in must have trailing shape"):
-        vmf.kron_eigen_sample(loc, qo, qo, var, 2, 0, 0)
+        lib.kron_eigen_sample(loc, qo, qo, var, 2, 0, 0)
     with pytest.raises(RuntimeError, match="num_samples must be non-negative"):
-        vmf.kron_eigen_sample(loc, qo, qi, var, -1, 0, 0)
+        lib.kron_eigen_sample(loc, qo, qi, var, -1, 0, 0)
     with pytest.raises(RuntimeError, match="offset must be in"):
-        vmf.kron_eigen_sample(loc, qo, qi, var, 2, 0, -1)
+        lib.kron_eigen_sample(loc, qo, qi, var, 2, 0, -1)
     with pytest.raises(RuntimeError, match="does not broadcast to size"):
-        vmf.kron_eigen_noise(var, [2, 3, 5], 0, 0, 0.5)
+        lib.kron_eigen_noise(var, [2, 3, 5], 0, 0, 0.5)
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
@@ -390,10 +391,10 @@ def test_devices_agree(device):
     """The same op on another device: same noise (float64 to rounding), same products."""
     loc, qo, qi, var = randn((2, 6, 5), 0), orth(6, 1), orth(5, 2), pos((6, 5), 3)
     args = [t.to(device) for t in (loc, qo, qi, var)]
-    w = vmf.kron_eigen_sample(*args, 4, 17, 2)
-    torch.testing.assert_close(w.cpu(), vmf.kron_eigen_sample(loc, qo, qi, var, 4, 17, 2), rtol=1e-12, atol=1e-12)
-    w32 = vmf.kron_eigen_sample(*[t.float() for t in args], 4, 17, 2)
-    torch.testing.assert_close(w32.cpu(), vmf.kron_eigen_sample(loc.float(), qo.float(), qi.float(), var.float(), 4,
+    w = lib.kron_eigen_sample(*args, 4, 17, 2)
+    torch.testing.assert_close(w.cpu(), lib.kron_eigen_sample(loc, qo, qi, var, 4, 17, 2), rtol=1e-12, atol=1e-12)
+    w32 = lib.kron_eigen_sample(*[t.float() for t in args], 4, 17, 2)
+    torch.testing.assert_close(w32.cpu(), lib.kron_eigen_sample(loc.float(), qo.float(), qi.float(), var.float(), 4,
                                                                 17, 2), rtol=1e-5, atol=1e-5)
     y = kron_eigen_matvec(args[1], args[2], args[3], args[0], -0.5)
     torch.testing.assert_close(y.cpu(), dense_matvec(qo, qi, var, loc, -0.5), rtol=1e-12, atol=1e-12)

@@ -18,7 +18,8 @@ from torch.distributions import kl_divergence
 
 from vmfdist import special
 from vmfdist.distributions import HypersphericalUniform, VonMisesFisher, fit_vmf, log_sphere_area
-from vmfdist.ops import householder, vmf
+from vmfdist._ops import lib
+from vmfdist.linalg import householder
 from vmfdist.testing import cpu_and_cuda
 
 from . import reference as ref
@@ -336,7 +337,7 @@ def test_marginal_grad_vs_quadrature(d):
             rows.append((k, float(w[int(q * (len(w) - 1))])))
     omw = torch.tensor([1 - wi for _, wi in rows], dtype=F64)
     kap = torch.tensor([k for k, _ in rows], dtype=F64)
-    ours = vmf.vmf_marginal_grad(omw, kap, d)
+    ours = lib.vmf_marginal_grad(omw, kap, d)
     for (k, wi), o, om in zip(rows, ours.tolist(), omw.tolist()):
         exact = _dw_dkappa_mpmath(d, k, om)
         assert math.isfinite(float(exact)) and abs(o - float(exact)) <= 1e-6 * abs(float(exact)), (d, k, wi, o,
@@ -353,7 +354,7 @@ def test_marginal_grad_vs_quadrature_extremes(d):
         w = torch.sort(x @ mu)[0]
         omw = torch.tensor([1 - float(w[int(q * (len(w) - 1))]) for q in (5e-4, 0.02, 0.5, 0.98, 1 - 5e-4)],
                            dtype=F64)
-        ours = vmf.vmf_marginal_grad(omw, torch.full_like(omw, k), d)
+        ours = lib.vmf_marginal_grad(omw, torch.full_like(omw, k), d)
         for o, om in zip(ours.tolist(), omw.tolist()):
             exact = float(_dw_dkappa_mpmath(d, k, om))
             assert math.isfinite(exact) and abs(o - exact) <= 1e-6 * abs(exact), (d, k, om, o, exact)
@@ -508,22 +509,22 @@ def test_bad_inputs():
     with pytest.raises(ValueError):
         v.log_prob(torch.tensor([2.0, 0.0, 0.0], dtype=F64))
     with pytest.raises(RuntimeError, match="num_samples must be non-negative"):
-        vmf.vmf_sample(unit(3).unsqueeze(0), torch.ones(1, dtype=F64), -1, 0, 0)
+        lib.vmf_sample(unit(3).unsqueeze(0), torch.ones(1, dtype=F64), -1, 0, 0)
     with pytest.raises(RuntimeError, match="concentration must have shape"):
-        vmf.vmf_sample(unit(3).unsqueeze(0), torch.ones(2, dtype=F64), 1, 0, 0)
+        lib.vmf_sample(unit(3).unsqueeze(0), torch.ones(2, dtype=F64), 1, 0, 0)
     with pytest.raises(RuntimeError, match="dim must be at least 2"):
-        vmf.vmf_marginal_grad(torch.ones(2, dtype=F64), torch.ones(2, dtype=F64), 1)
+        lib.vmf_marginal_grad(torch.ones(2, dtype=F64), torch.ones(2, dtype=F64), 1)
     # out-of-domain marginal gradient: NaN, documented
-    assert torch.isnan(vmf.vmf_marginal_grad(torch.tensor([-0.5, 2.5]), torch.tensor([1.0, 1.0]), 3)).all()
-    assert torch.isnan(vmf.vmf_marginal_grad(torch.tensor([0.5]), torch.tensor([-1.0]), 3)).all()
+    assert torch.isnan(lib.vmf_marginal_grad(torch.tensor([-0.5, 2.5]), torch.tensor([1.0, 1.0]), 3)).all()
+    assert torch.isnan(lib.vmf_marginal_grad(torch.tensor([0.5]), torch.tensor([-1.0]), 3)).all()
 
 
 def test_opcheck():
     loc = torch.stack([unit(5, 1), unit(5, 2)])
     kap = torch.tensor([1.0, 30.0], dtype=F64)
-    torch.library.opcheck(vmf.vmf_sample, (loc, kap, 3, 123, 0),
+    torch.library.opcheck(lib.vmf_sample, (loc, kap, 3, 123, 0),
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
-    torch.library.opcheck(vmf.vmf_marginal_grad, (torch.tensor([0.1, 1.5], dtype=F64), kap, 5))
+    torch.library.opcheck(lib.vmf_marginal_grad, (torch.tensor([0.1, 1.5], dtype=F64), kap, 5))
 
 
 # ---------------------------------------------------------------------------
@@ -609,11 +610,11 @@ def test_cuda_matches_cpu(dtype):
     for d, k in [(3, 5.0), (16, 100.0), (300, 1e3), (5000, 1e4)]:
         loc = torch.stack([unit(d, 1, dtype), unit(d, 2, dtype, first=-1.0)])
         kap = torch.tensor([k, 0.1 * k], dtype=dtype)
-        x_cpu, o_cpu = vmf.vmf_sample(loc, kap, 257, 42, 0)
-        x_gpu, o_gpu = vmf.vmf_sample(loc.cuda(), kap.cuda(), 257, 42, 0)
+        x_cpu, o_cpu = lib.vmf_sample(loc, kap, 257, 42, 0)
+        x_gpu, o_gpu = lib.vmf_sample(loc.cuda(), kap.cuda(), 257, 42, 0)
         tol = 1e-5 if dtype == torch.float32 else 1e-12
         close = ((x_cpu - x_gpu.cpu()).abs().amax(-1) <= tol)
         assert close.double().mean() >= 0.995
-        g_cpu = vmf.vmf_marginal_grad(o_cpu, kap, d)
-        g_gpu = vmf.vmf_marginal_grad(o_cpu.cuda(), kap.cuda(), d).cpu()
+        g_cpu = lib.vmf_marginal_grad(o_cpu, kap, d)
+        g_gpu = lib.vmf_marginal_grad(o_cpu.cuda(), kap.cuda(), d).cpu()
         torch.testing.assert_close(g_gpu, g_cpu, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=0)

@@ -5,12 +5,12 @@ Layers (data flows downward, nothing imports upward):
 * :mod:`vmfdist.distributions` -- von Mises-Fisher and friends (torch.distributions API)
 * :mod:`vmfdist.special`  -- Bessel ratios, log-Bessel functions, bounds, approximations
 * :mod:`vmfdist.random`   -- counter-based (Philox4x32-10) uniforms and normals
-* :mod:`vmfdist.ops`      -- the compiled operators (``torch.ops.vmfdist``) with their
-  fake kernels and autograd formulas
+* :mod:`vmfdist.linalg`   -- Kronecker-eigenbasis products and samples, the vMF reflection
+* ``vmfdist._ops``        -- (private) fake kernels and autograd of the compiled operators
 * ``vmfdist._C``          -- the C++/CUDA extension (csrc/)
 """
-from . import ops, random, special  # noqa: F401  (ops registers fake kernels and autograd)
-from . import distributions  # noqa: F401,E402
+from . import _ops  # noqa: F401  (loads the extension; registers fake kernels and autograd)
+from . import distributions, linalg, random, special  # noqa: F401
 
 __version__ = "0.1.0"
-__all__ = ["distributions", "ops", "random", "special", "__version__"]
+__all__ = ["distributions", "linalg", "random", "special", "__version__"]

@@ -31,41 +31,14 @@ Variates:
 from __future__ import annotations
 
 from numbers import Integral
-from typing import Optional, Sequence, Tuple, Union
+from typing import Optional, Sequence, Union
 
 import torch
 
-from .ops import vmf
+from ._ops import lib
+from ._ops.random import MAX_OFFSET, draw_seed_offset
 
 __all__ = ["draw_seed_offset", "philox_uniform", "philox_normal", "MAX_OFFSET"]
-
-#: Exclusive upper bound of ``offset`` (and of the number of elements of one call).
-MAX_OFFSET = 2 ** 48
-
-_SEED_HIGH = 2 ** 63 - 1  # seeds are drawn uniformly from [0, 2**63 - 1)
-
-
-def draw_seed_offset(generator: Optional[torch.Generator] = None,
-                     device: Optional[Union[torch.device, str]] = None) -> Tuple[int, int]:
-    """Draw ``(seed, offset)`` for a vmfdist random op from ``generator``.
-
-    ``seed`` is a uniform 63-bit integer drawn from ``generator`` (one draw, so
-    the generator advances and successive calls differ); if ``generator`` is
-    None, the default CPU generator is used whatever ``device`` is (see the
-    module docstring; ``device`` is accepted so callers can pass the output
-    device, and is only checked).  ``offset`` is 0: it is left to ops that want
-    several independent tensors from one seed, which use offsets 0, 1, 2, ...
-    (and, within an element, the stream's block counter; see ``philox.h``).
-    """
-    if device is not None:
-        torch.device(device)  # validates the argument
-    if generator is None:
-        generator = torch.default_generator
-    elif not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-    seed = torch.randint(0, _SEED_HIGH, (), generator=generator, device=generator.device, dtype=torch.int64)
-    return int(seed.item()), 0
-
 
 def _normalise_size(name: str, size) -> list:
     if isinstance(size, Integral):
@@ -99,7 +72,7 @@ def philox_uniform(size, *, generator: Optional[torch.Generator] = None, dtype: 
     :func:`draw_seed_offset`.  Element ``i`` (row-major) is the first uniform of
     the Philox stream ``(seed, 0, i)``.
     """
-    return _factory("philox_uniform", vmf.philox_uniform, size, generator, dtype, device)
+    return _factory("philox_uniform", lib.philox_uniform, size, generator, dtype, device)
 
 
 def philox_normal(size, *, generator: Optional[torch.Generator] = None, dtype: Optional[torch.dtype] = None,
@@ -109,4 +82,4 @@ def philox_normal(size, *, generator: Optional[torch.Generator] = None, dtype: O
     Element ``i`` is the first Box-Muller variate of the Philox stream
     ``(seed, 0, i)``, computed in float64 and rounded to ``dtype``.
     """
-    return _factory("philox_normal", vmf.philox_normal, size, generator, dtype, device)
+    return _factory("philox_normal", lib.philox_normal, size, generator, dtype, device)

@@ -26,7 +26,7 @@ from typing import Tuple, Union
 
 import torch
 
-from .ops import vmf
+from ._ops import lib
 
 __all__ = [
     "bessel_iv_ratio",
@@ -69,26 +69,26 @@ def bessel_iv_ratio(nu: TensorLike, z: TensorLike) -> torch.Tensor:
     :math:`S^{d-1}` is ``bessel_iv_ratio(d / 2, kappa)``.
     """
     nu, z = _as_tensors("bessel_iv_ratio", nu, z)
-    return vmf.bessel_iv_ratio(nu, z, False)
+    return lib.bessel_iv_ratio(nu, z, False)
 
 
 def bessel_iv_ratio_c(nu: TensorLike, z: TensorLike) -> torch.Tensor:
     r"""The complement :math:`1 - I_\nu(z)/I_{\nu-1}(z)`, computed without cancellation."""
     nu, z = _as_tensors("bessel_iv_ratio_c", nu, z)
-    return vmf.bessel_iv_ratio(nu, z, True)
+    return lib.bessel_iv_ratio(nu, z, True)
 
 
 def log_bessel_iv(nu: TensorLike, z: TensorLike) -> torch.Tensor:
     r""":math:`\log I_\nu(z)` for :math:`\nu \ge 0`, :math:`z \ge 0`; finite wherever :math:`z > 0`,
     even where :math:`I_\nu(z)` under- or overflows."""
     nu, z = _as_tensors("log_bessel_iv", nu, z)
-    return vmf.log_bessel_iv(nu, z, False)
+    return lib.log_bessel_iv(nu, z, False)
 
 
 def log_bessel_ive(nu: TensorLike, z: TensorLike) -> torch.Tensor:
     r"""The exponentially scaled :math:`\log I_\nu(z) - z`."""
     nu, z = _as_tensors("log_bessel_ive", nu, z)
-    return vmf.log_bessel_iv(nu, z, True)
+    return lib.log_bessel_iv(nu, z, True)
 
 
 def bessel_iv_ratio_bounds(nu: TensorLike, z: TensorLike, theorem: int = 5) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -108,14 +108,14 @@ def bessel_iv_ratio_bounds(nu: TensorLike, z: TensorLike, theorem: int = 5) -> T
     if theorem not in (4, 5):
         raise ValueError(f"bessel_iv_ratio_bounds: theorem must be 4 or 5, got {theorem!r}")
     nu, z = _as_tensors("bessel_iv_ratio_bounds", nu, z)
-    return vmf.bessel_iv_ratio_bounds(nu, z, theorem)
+    return lib.bessel_iv_ratio_bounds(nu, z, theorem)
 
 
 def bessel_iv_ratio_approx(nu: TensorLike, z: TensorLike) -> torch.Tensor:
     r"""The papers' approximation :math:`R_\nu(z) \approx (B_2 + B_0)/2` (eq. 33 of the
     radial--directional supplement).  About 7% off at :math:`\nu = 1` (d = 2); see docs."""
     nu, z = _as_tensors("bessel_iv_ratio_approx", nu, z)
-    return vmf.bessel_iv_ratio_approx(nu, z)
+    return lib.bessel_iv_ratio_approx(nu, z)
 
 
 def log_bessel_iv_asymptotic(nu: TensorLike, z: TensorLike) -> torch.Tensor:
@@ -123,7 +123,7 @@ def log_bessel_iv_asymptotic(nu: TensorLike, z: TensorLike) -> torch.Tensor:
     :math:`\nu\log z + \eta z - (\eta+\nu)\log 2 - \log\Gamma(\nu+1)` for :math:`z < \nu`
     (:math:`\eta = (\nu + 1/2)/(2(\nu+1))`) and :math:`z - \tfrac12\log z - \tfrac12\log 2\pi` otherwise."""
     nu, z = _as_tensors("log_bessel_iv_asymptotic", nu, z)
-    return vmf.log_bessel_iv_asymptotic(nu, z)
+    return lib.log_bessel_iv_asymptotic(nu, z)
 
 
 def log_bessel_iv_series(nu: TensorLike, z: TensorLike) -> torch.Tensor:
@@ -132,4 +132,4 @@ def log_bessel_iv_series(nu: TensorLike, z: TensorLike) -> torch.Tensor:
     with every ratio replaced by :func:`bessel_iv_ratio_approx`, in one fused kernel.
     The cost grows linearly with :math:`\nu`."""
     nu, z = _as_tensors("log_bessel_iv_series", nu, z)
-    return vmf.log_bessel_iv_series(nu, z)
+    return lib.log_bessel_iv_series(nu, z)

@@ -13,7 +13,7 @@
 #include <type_traits>
 
 #include "vmfdist/kron.h"
-#include "vmfdist/kron_host.h"
+#include "host/kron_host.h"
 
 namespace vmfdist {
 namespace {

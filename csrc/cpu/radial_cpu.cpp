@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "vmfdist/radial.h"
-#include "vmfdist/radial_checks.h"
+#include "host/radial_checks.h"
 
 namespace vmfdist {
 namespace {

@@ -10,7 +10,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include "vmfdist/random_checks.h"
+#include "host/random_checks.h"
 #include "vmfdist/random_ops.h"
 
 namespace vmfdist {

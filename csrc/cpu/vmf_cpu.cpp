@@ -14,9 +14,9 @@
 #include <type_traits>
 
 #include "vmfdist/fast_normal.h"
-#include "vmfdist/tensor_checks.h"
+#include "host/tensor_checks.h"
 #include "vmfdist/vmf.h"
-#include "vmfdist/vmf_checks.h"
+#include "host/vmf_checks.h"
 
 namespace vmfdist {
 namespace {

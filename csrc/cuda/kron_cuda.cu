@@ -11,7 +11,7 @@
 #include <torch/library.h>
 
 #include "vmfdist/kron.h"
-#include "vmfdist/kron_host.h"
+#include "host/kron_host.h"
 
 namespace vmfdist {
 namespace {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "vmfdist/radial.h"
-#include "vmfdist/radial_checks.h"
+#include "host/radial_checks.h"
 
 namespace vmfdist {
 namespace {

@@ -7,7 +7,7 @@
 #include <torch/library.h>
 
 #include "vmfdist/special_ops.h"
-#include "vmfdist/tensor_checks.h"
+#include "host/tensor_checks.h"
 
 namespace vmfdist {
 namespace {

@@ -15,7 +15,6 @@ from .von_mises_fisher import (  # noqa: F401
     fit_vmf,
     log_sphere_area,
     sphere,
-    unit_vector,
     vmf_log_normalizer,
 )
 
@@ -31,5 +30,4 @@ __all__ = [
     "log_sphere_area",
     "vmf_log_normalizer",
     "sphere",
-    "unit_vector",
 ]

@@ -1,6 +1,16 @@
-r"""KL divergences that torch lacks, for the radius priors of the radial--directional layers.
+r"""Every KL divergence of vmfdist, registered with :func:`torch.distributions.kl.register_kl`
+(as torch keeps its own in ``torch/distributions/kl.py``), so
+``torch.distributions.kl_divergence(q, p)`` simply works.
 
-Derived here from the densities (torch's parameterisations: ``Gamma(concentration,
+* von Mises--Fisher: vMF||vMF, vMF||HypersphericalUniform, HypersphericalUniform||HypersphericalUniform
+* Radial||Independent(Normal) in closed form (Radial||Radial raises: use
+  :func:`vmfdist.distributions.kl_radial_radial`, a Monte Carlo estimate)
+* the matrix normals: MatrixNormal||MatrixNormal, MatrixNormal||Independent(Normal),
+  EigenvalueCorrectedMatrixNormal||Independent(Normal), and EVMN||EVMN with shared bases
+* the radius priors of the radial--directional layers, which torch lacks:
+  LogNormal||Gamma, LogNormal||InverseGamma, Weibull||Weibull
+
+Radius priors.  Derived here from the densities (torch's parameterisations: ``Gamma(concentration,
 rate)``, ``InverseGamma(concentration, rate)`` with density
 :math:`\beta^\alpha x^{-\alpha-1}e^{-\beta/x}/\Gamma(\alpha)`, ``Weibull(scale, concentration)``,
 ``LogNormal(loc, scale)``) and checked against Monte Carlo in ``tests/test_radial.py``.
@@ -18,17 +28,18 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.distributions import Gamma, InverseGamma, LogNormal, Weibull
+from torch.distributions import Gamma, Independent, InverseGamma, LogNormal, Normal, Weibull
 from torch.distributions.kl import register_kl
+
+from .. import special
+from ._constants import EULER_GAMMA
+from .matrix_normal import (EigenvalueCorrectedMatrixNormal, MatrixNormal, eigen_marginal_variance,
+                            kron_mahalanobis, _tril_trace_ratio)
+from .radial import Radial
+from .von_mises_fisher import HypersphericalUniform, VonMisesFisher, log_sphere_area
 
 __all__ = []
 
-_EULER_GAMMA = 0.57721566490153286060651209008240243
-
-
-def _lognormal_entropy(q: LogNormal) -> torch.Tensor:
-    mu, s = q.loc, q.scale
-    return mu + 0.5 * torch.log(2 * math.pi * math.e * s * s)
 
 
 @register_kl(LogNormal, Gamma)
@@ -56,5 +67,148 @@ def _kl_weibull_weibull(q, p):
     lq, kq = q.scale, q.concentration
     lp, kp = p.scale, p.concentration
     return (torch.log(kq) - kq * torch.log(lq) - torch.log(kp) + kp * torch.log(lp)
-            + (kq - kp) * (torch.log(lq) - _EULER_GAMMA / kq)
+            + (kq - kp) * (torch.log(lq) - EULER_GAMMA / kq)
             + torch.exp(kp * (torch.log(lq) - torch.log(lp)) + torch.lgamma(1 + kp / kq)) - 1)
+
+
+# ---- von Mises--Fisher -------------------------------------------------------
+@register_kl(VonMisesFisher, VonMisesFisher)
+def _kl_vmf_vmf(q, p):
+    r"""KL(q || p) = E_q[log q - log p]
+    = [log C(k_q) + k_q] - [log C(k_p) + k_p] - k_q (1 - A_q) + k_p ((1 - A_q) + A_q |mu_p - mu_q|^2 / 2),
+    the general formula (002, sec. 6.1) written with 1 - A_q mu_p^T mu_q = (1 - A_q) + A_q |mu_p - mu_q|^2/2."""
+    if q.dim != p.dim:
+        raise ValueError(f"KL(vMF || vMF) needs the same dimension, got {q.dim} and {p.dim}")
+    kq, kp = q.concentration, p.concentration
+    half = torch.full_like(kq, 0.5 * q.dim)
+    a = special.bessel_iv_ratio(half, kq)
+    c = special.bessel_iv_ratio_c(half, kq)
+    half_sq = 0.5 * (p.loc - q.loc).pow(2).sum(-1)
+    return q.log_normalizer(scaled=True) - p.log_normalizer(scaled=True) - kq * c + kp * (c + a * half_sq)
+
+
+@register_kl(VonMisesFisher, HypersphericalUniform)
+def _kl_vmf_uniform(q, p):
+    """KL(vMF || uniform) = log C(k) + k A + log S_{d-1}; 0 at k = 0."""
+    if q.dim != p.dim:
+        raise ValueError(f"KL(vMF || uniform) needs the same dimension, got {q.dim} and {p.dim}")
+    k = q.concentration
+    c = special.bessel_iv_ratio_c(torch.full_like(k, 0.5 * q.dim), k)
+    kl = q.log_normalizer(scaled=True) - k * c + log_sphere_area(q.dim, dtype=k.dtype, device=k.device)
+    return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))
+
+
+@register_kl(HypersphericalUniform, HypersphericalUniform)
+def _kl_uniform_uniform(q, p):
+    if q.dim != p.dim:
+        raise ValueError(f"KL(uniform || uniform) needs the same dimension, got {q.dim} and {p.dim}")
+    return torch.zeros(torch.broadcast_shapes(q.batch_shape, p.batch_shape), dtype=q._dtype, device=q._device)
+
+
+# ---- Radial ------------------------------------------------------------------
+@register_kl(Radial, Independent)
+def _kl_radial_normal(q, p):
+    r"""KL(Radial(mu, sigma) || prod_i N(mu_p,i, sigma_p,i^2)) in closed form:
+    :math:`-H[q] + \sum_i [\tfrac12\log 2\pi\sigma_{p,i}^2 + ((\mu_i - \mu_{p,i})^2 + \sigma_i^2/D)/(2\sigma_{p,i}^2)]`,
+    since :math:`E[v_i] = 0`, :math:`E[v_i^2] = 1/D` and the cross terms vanish."""
+    if not isinstance(p.base_dist, Normal) or p.reinterpreted_batch_ndims != q.loc.dim():
+        raise NotImplementedError("KL(Radial || Independent) is implemented for Independent(Normal(...), "
+                                  "loc.dim()) over the same event shape")
+    if tuple(p.event_shape) != tuple(q.event_shape) or tuple(p.batch_shape) != ():
+        raise ValueError(f"KL(Radial || Independent(Normal)): event shapes must match with batch shape (), got "
+                         f"{tuple(q.event_shape)} and {tuple(p.batch_shape)} + {tuple(p.event_shape)}")
+    mp, sp = p.base_dist.loc, p.base_dist.scale
+    d = q.numel
+    cross = 0.5 * torch.log(2 * math.pi * sp.pow(2)) + ((q.loc - mp).pow(2) + q.scale.pow(2) / d) / (2 * sp.pow(2))
+    return cross.sum() - q.entropy()
+
+
+@register_kl(Radial, Radial)
+def _kl_radial_radial_unregistered(q, p):
+    raise NotImplementedError(
+        "KL(Radial || Radial) has no closed form; kl_divergence stays deterministic, so use "
+        "vmfdist.distributions.kl_radial_radial(q, p, num_samples, generator) for an unbiased Monte Carlo estimate")
+
+
+# ---- matrix normals ------------------------------------------------------------
+def _check_events(q, p, name):
+    if q.event_shape != p.event_shape:
+        raise ValueError(f"KL({name}): event shapes differ: {tuple(q.event_shape)} and {tuple(p.event_shape)}")
+
+
+def _diag_normal_target(p, name):
+    """(mean, variance, 1/2 log det) of an Independent(Normal, 2) target."""
+    if not isinstance(p.base_dist, Normal) or p.reinterpreted_batch_ndims != 2:
+        raise NotImplementedError(f"KL({name} || Independent) is implemented for Independent(Normal(loc, scale), 2) "
+                                  f"(the matrix event of shape (out, in)), got {p!r} with reinterpreted_batch_ndims = "
+                                  f"{p.reinterpreted_batch_ndims}")
+    scale = p.base_dist.scale
+    return p.base_dist.loc, scale.pow(2), scale.log().sum((-2, -1))
+
+
+@register_kl(MatrixNormal, MatrixNormal)
+def _kl_matrix_normal_matrix_normal(q, p):
+    r""":math:`\tfrac12\big[\mathrm{tr}(U_p^{-1}U_q)\,\mathrm{tr}(V_p^{-1}V_q) + \|A_p^{-1}(M_q-M_p)B_p^{-T}\|_F^2 - nm\big]
+    + \tfrac12\log\det(U_p\otimes V_p) - \tfrac12\log\det(U_q\otimes V_q)`."""
+    _check_events(q, p, "MatrixNormal || MatrixNormal")
+    k = q.event_shape[0] * q.event_shape[1]
+    tr = _tril_trace_ratio(p._row_tril, q._row_tril) * _tril_trace_ratio(p._col_tril, q._col_tril)
+    maha = kron_mahalanobis(p._row_tril, p._col_tril, q.loc - p.loc)
+    kl = 0.5 * (tr + maha - k) + p._half_logdet() - q._half_logdet()
+    return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))
+
+
+@register_kl(MatrixNormal, Independent)
+def _kl_matrix_normal_diag(q, p):
+    r"""To :math:`\mathcal N(\mu_p, \mathrm{diag}\,\sigma_p^2)`: :math:`\mathrm{tr} = \sum_{ij}U_{ii}V_{jj}/\sigma_{p,ij}^2`."""
+    mu_p, var_p, half_logdet_p = _diag_normal_target(p, "MatrixNormal")
+    _check_events(q, p, "MatrixNormal || Independent(Normal)")
+    k = q.event_shape[0] * q.event_shape[1]
+    du = q._row_tril.pow(2).sum(-1).unsqueeze(-1)
+    dv = q._col_tril.pow(2).sum(-1).unsqueeze(-2)
+    tr = (du * dv / var_p).sum((-2, -1))
+    maha = ((q.loc - mu_p).pow(2) / var_p).sum((-2, -1))
+    kl = 0.5 * (tr + maha - k) + half_logdet_p - q._half_logdet()
+    return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))
+
+
+@register_kl(EigenvalueCorrectedMatrixNormal, Independent)
+def _kl_emvg_diag(q, p):
+    r"""To :math:`\mathcal N(\mu_p, \mathrm{diag}\,\sigma_p^2)`: the trace term is
+    :math:`\sum_{ij}\mathrm{Var}_q(W_{ij})/\sigma_{p,ij}^2` with the marginal variance
+    :math:`(Q_o\odot Q_o)S(Q_i\odot Q_i)^T`."""
+    mu_p, var_p, half_logdet_p = _diag_normal_target(p, "EigenvalueCorrectedMatrixNormal")
+    _check_events(q, p, "EigenvalueCorrectedMatrixNormal || Independent(Normal)")
+    k = q.event_shape[0] * q.event_shape[1]
+    tr = (eigen_marginal_variance(q._q_out, q._q_in, q._s) / var_p).sum((-2, -1))
+    maha = ((q.loc - mu_p).pow(2) / var_p).sum((-2, -1))
+    kl = 0.5 * (tr + maha - k) + half_logdet_p - q._half_logdet()
+    return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a is b:
+        return True
+    try:
+        a, b = torch.broadcast_tensors(a, b)
+    except RuntimeError:
+        return False
+    return bool(torch.equal(a, b))
+
+
+@register_kl(EigenvalueCorrectedMatrixNormal, EigenvalueCorrectedMatrixNormal)
+def _kl_emvg_emvg(q, p):
+    r"""With shared bases (the case of noisy EK-FAC, whose prior and posterior share the
+    K-FAC eigenbasis): :math:`\tfrac12\big[\sum S_q/S_p + \sum(Q_o^T(M_q - M_p)Q_i)^2/S_p - nm
+    + \sum\log S_p - \sum\log S_q\big]`.  The bases must be equal (the same tensors, or
+    equal values); otherwise a ``ValueError`` is raised."""
+    _check_events(q, p, "EigenvalueCorrectedMatrixNormal || EigenvalueCorrectedMatrixNormal")
+    if not (_same_tensor(q._q_out, p._q_out) and _same_tensor(q._q_in, p._q_in)):
+        raise ValueError("KL(EigenvalueCorrectedMatrixNormal || EigenvalueCorrectedMatrixNormal) is implemented for "
+                         "shared eigenbases only: q.q_out must equal p.q_out and q.q_in must equal p.q_in, but the "
+                         "bases differ")
+    k = q.event_shape[0] * q.event_shape[1]
+    sq, sp = q._s, p._s
+    proj = p._q_out.mT @ (q.loc - p.loc) @ p._q_in
+    kl = 0.5 * ((sq / sp).sum((-2, -1)) + (proj.pow(2) / sp).sum((-2, -1)) - k) + p._half_logdet() - q._half_logdet()
+    return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))

@@ -29,19 +29,17 @@ tested against dense linear algebra in ``tests/test_kron.py`` (:math:`U` is
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
-from torch.distributions import Distribution, Independent, Normal, constraints
-from torch.distributions.kl import register_kl
+from torch.distributions import Distribution, constraints
 from torch.distributions.utils import lazy_property
 
-from ..ops import kron_eigen_sample
+from ..linalg import kron_eigen_sample
+from ._constants import LOG_2PI
 
 __all__ = ["MatrixNormal", "EigenvalueCorrectedMatrixNormal", "orthogonal"]
 
-_LOG_2PI = math.log(2.0 * math.pi)
 
 
 class _Orthogonal(constraints.Constraint):
@@ -177,11 +175,11 @@ class _KroneckerGaussian(Distribution):
         r""":math:`-\tfrac12\big(nm\log 2\pi + \log\det\mathrm{Cov} + \text{Mahalanobis term}\big)`."""
         if self._validate_args:
             self._validate_sample(value)
-        return -0.5 * (self._event_size() * _LOG_2PI + self._mahalanobis(value - self.loc)) - self._half_logdet()
+        return -0.5 * (self._event_size() * LOG_2PI + self._mahalanobis(value - self.loc)) - self._half_logdet()
 
     def entropy(self):
         r""":math:`\tfrac{nm}{2}(1 + \log 2\pi) + \tfrac12\log\det\mathrm{Cov}(\mathrm{vec}\,W)`."""
-        return (0.5 * self._event_size() * (1.0 + _LOG_2PI) + self._half_logdet()).expand(self.batch_shape)
+        return (0.5 * self._event_size() * (1.0 + LOG_2PI) + self._half_logdet()).expand(self.batch_shape)
 
     def sample(self, sample_shape=torch.Size(), generator: Optional[torch.Generator] = None):
         with torch.no_grad():
@@ -372,85 +370,3 @@ class EigenvalueCorrectedMatrixNormal(_KroneckerGaussian):
         return w.expand(self._extended_shape(torch.Size(sample_shape)))
 
 
-# ---- KL divergences ------------------------------------------------------------------
-def _check_events(q, p, name):
-    if q.event_shape != p.event_shape:
-        raise ValueError(f"KL({name}): event shapes differ: {tuple(q.event_shape)} and {tuple(p.event_shape)}")
-
-
-def _diag_normal_target(p, name):
-    """(mean, variance, 1/2 log det) of an Independent(Normal, 2) target."""
-    if not isinstance(p.base_dist, Normal) or p.reinterpreted_batch_ndims != 2:
-        raise NotImplementedError(f"KL({name} || Independent) is implemented for Independent(Normal(loc, scale), 2) "
-                                  f"(the matrix event of shape (out, in)), got {p!r} with reinterpreted_batch_ndims = "
-                                  f"{p.reinterpreted_batch_ndims}")
-    scale = p.base_dist.scale
-    return p.base_dist.loc, scale.pow(2), scale.log().sum((-2, -1))
-
-
-@register_kl(MatrixNormal, MatrixNormal)
-def _kl_matrix_normal_matrix_normal(q, p):
-    r""":math:`\tfrac12\big[\mathrm{tr}(U_p^{-1}U_q)\,\mathrm{tr}(V_p^{-1}V_q) + \|A_p^{-1}(M_q-M_p)B_p^{-T}\|_F^2 - nm\big]
-    + \tfrac12\log\det(U_p\otimes V_p) - \tfrac12\log\det(U_q\otimes V_q)`."""
-    _check_events(q, p, "MatrixNormal || MatrixNormal")
-    k = q.event_shape[0] * q.event_shape[1]
-    tr = _tril_trace_ratio(p._row_tril, q._row_tril) * _tril_trace_ratio(p._col_tril, q._col_tril)
-    maha = kron_mahalanobis(p._row_tril, p._col_tril, q.loc - p.loc)
-    kl = 0.5 * (tr + maha - k) + p._half_logdet() - q._half_logdet()
-    return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))
-
-
-@register_kl(MatrixNormal, Independent)
-def _kl_matrix_normal_diag(q, p):
-    r"""To :math:`\mathcal N(\mu_p, \mathrm{diag}\,\sigma_p^2)`: :math:`\mathrm{tr} = \sum_{ij}U_{ii}V_{jj}/\sigma_{p,ij}^2`."""
-    mu_p, var_p, half_logdet_p = _diag_normal_target(p, "MatrixNormal")
-    _check_events(q, p, "MatrixNormal || Independent(Normal)")
-    k = q.event_shape[0] * q.event_shape[1]
-    du = q._row_tril.pow(2).sum(-1).unsqueeze(-1)
-    dv = q._col_tril.pow(2).sum(-1).unsqueeze(-2)
-    tr = (du * dv / var_p).sum((-2, -1))
-    maha = ((q.loc - mu_p).pow(2) / var_p).sum((-2, -1))
-    kl = 0.5 * (tr + maha - k) + half_logdet_p - q._half_logdet()
-    return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))
-
-
-@register_kl(EigenvalueCorrectedMatrixNormal, Independent)
-def _kl_emvg_diag(q, p):
-    r"""To :math:`\mathcal N(\mu_p, \mathrm{diag}\,\sigma_p^2)`: the trace term is
-    :math:`\sum_{ij}\mathrm{Var}_q(W_{ij})/\sigma_{p,ij}^2` with the marginal variance
-    :math:`(Q_o\odot Q_o)S(Q_i\odot Q_i)^T`."""
-    mu_p, var_p, half_logdet_p = _diag_normal_target(p, "EigenvalueCorrectedMatrixNormal")
-    _check_events(q, p, "EigenvalueCorrectedMatrixNormal || Independent(Normal)")
-    k = q.event_shape[0] * q.event_shape[1]
-    tr = (eigen_marginal_variance(q._q_out, q._q_in, q._s) / var_p).sum((-2, -1))
-    maha = ((q.loc - mu_p).pow(2) / var_p).sum((-2, -1))
-    kl = 0.5 * (tr + maha - k) + half_logdet_p - q._half_logdet()
-    return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))
-
-
-def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a is b:
-        return True
-    try:
-        a, b = torch.broadcast_tensors(a, b)
-    except RuntimeError:
-        return False
-    return bool(torch.equal(a, b))
-
-
-@register_kl(EigenvalueCorrectedMatrixNormal, EigenvalueCorrectedMatrixNormal)
-def _kl_emvg_emvg(q, p):
-    r"""With shared bases (the case of noisy EK-FAC, whose prior and posterior share the
-    K-FAC eigenbasis): :math:`\tfrac12\big[\sum S_q/S_p + \sum(Q_o^T(M_q - M_p)Q_i)^2/S_p - nm
-    + \sum\log S_p - \sum\log S_q\big]`.  The bases must be equal (the same tensors, or
-    equal values); otherwise a ``ValueError`` is raised."""
-    _check_events(q, p, "EigenvalueCorrectedMatrixNormal || EigenvalueCorrectedMatrixNormal")
-    if not (_same_tensor(q._q_out, p._q_out) and _same_tensor(q._q_in, p._q_in)):
-        raise ValueError("KL(EigenvalueCorrectedMatrixNormal || EigenvalueCorrectedMatrixNormal) is implemented for "
-                         "shared eigenbases only: q.q_out must equal p.q_out and q.q_in must equal p.q_in, but the "
-                         "bases differ")
-    k = q.event_shape[0] * q.event_shape[1]
-    sq, sp = q._s, p._s
-    proj = p._q_out.mT @ (q.loc - p.loc) @ p._q_in
-    kl = 0.5 * ((sq / sp).sum((-2, -1)) + (proj.pow(2) / sp).sum((-2, -1)) - k) + p._half_logdet() - q._half_logdet()
-    return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))

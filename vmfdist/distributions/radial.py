@@ -34,16 +34,15 @@ import math
 from typing import Optional
 
 import torch
-from torch.distributions import Distribution, Independent, Normal, constraints
-from torch.distributions.kl import register_kl
+from torch.distributions import Distribution, constraints
 
-from ..ops import vmf
-from ..random import draw_seed_offset
+from .._ops import lib
+from .._ops.random import draw_seed_offset
+from ._constants import EULER_GAMMA, LOG_2PI
 from .von_mises_fisher import log_sphere_area
 
 __all__ = ["Radial", "radial_noise", "kl_radial_radial"]
 
-_EULER_GAMMA = 0.57721566490153286060651209008240243
 
 
 def radial_noise(loc: torch.Tensor, scale: torch.Tensor, sample_shape=torch.Size(), rowwise: bool = False,
@@ -65,7 +64,7 @@ def radial_noise(loc: torch.Tensor, scale: torch.Tensor, sample_shape=torch.Size
     for s in sample_shape:
         n *= s
     seed, offset = draw_seed_offset(generator, loc.device)
-    out, _ = vmf.radial_noise(loc, scale, n, seed, offset, bool(rowwise))
+    out, _ = lib.radial_noise(loc, scale, n, seed, offset, bool(rowwise))
     return out.reshape(sample_shape + loc.shape)
 
 
@@ -144,41 +143,17 @@ class Radial(Distribution):
         sq = v.pow(2).sum(dims) if dims else v.pow(2)
         log_rho = 0.5 * torch.log(sq)
         log_sigma = self.scale.log().sum() if dims else self.scale.log()
-        lp = (math.log(2.0) - 0.5 * math.log(2 * math.pi) - 0.5 * sq - float(log_sphere_area(d))
+        lp = (math.log(2.0) - 0.5 * LOG_2PI - 0.5 * sq - float(log_sphere_area(d))
               - (d - 1) * log_rho - log_sigma)
         if d == 1:  # (D - 1) log|v| = 0 also at v = 0
-            lp = math.log(2.0) - 0.5 * math.log(2 * math.pi) - 0.5 * sq - float(log_sphere_area(d)) - log_sigma
+            lp = math.log(2.0) - 0.5 * LOG_2PI - 0.5 * sq - float(log_sphere_area(d)) - log_sigma
         return lp
 
     def entropy(self):
         d = self.numel
-        const = (0.5 * math.log(2 * math.pi) + 0.5 - math.log(2.0) + float(log_sphere_area(d))
-                 - 0.5 * (d - 1) * (_EULER_GAMMA + math.log(2.0)))
+        const = (0.5 * LOG_2PI + 0.5 - math.log(2.0) + float(log_sphere_area(d))
+                 - 0.5 * (d - 1) * (EULER_GAMMA + math.log(2.0)))
         return const + self.scale.log().sum()
-
-
-@register_kl(Radial, Independent)
-def _kl_radial_normal(q, p):
-    r"""KL(Radial(mu, sigma) || prod_i N(mu_p,i, sigma_p,i^2)) in closed form:
-    :math:`-H[q] + \sum_i [\tfrac12\log 2\pi\sigma_{p,i}^2 + ((\mu_i - \mu_{p,i})^2 + \sigma_i^2/D)/(2\sigma_{p,i}^2)]`,
-    since :math:`E[v_i] = 0`, :math:`E[v_i^2] = 1/D` and the cross terms vanish."""
-    if not isinstance(p.base_dist, Normal) or p.reinterpreted_batch_ndims != q.loc.dim():
-        raise NotImplementedError("KL(Radial || Independent) is implemented for Independent(Normal(...), "
-                                  "loc.dim()) over the same event shape")
-    if tuple(p.event_shape) != tuple(q.event_shape) or tuple(p.batch_shape) != ():
-        raise ValueError(f"KL(Radial || Independent(Normal)): event shapes must match with batch shape (), got "
-                         f"{tuple(q.event_shape)} and {tuple(p.batch_shape)} + {tuple(p.event_shape)}")
-    mp, sp = p.base_dist.loc, p.base_dist.scale
-    d = q.numel
-    cross = 0.5 * torch.log(2 * math.pi * sp.pow(2)) + ((q.loc - mp).pow(2) + q.scale.pow(2) / d) / (2 * sp.pow(2))
-    return cross.sum() - q.entropy()
-
-
-@register_kl(Radial, Radial)
-def _kl_radial_radial_unregistered(q, p):
-    raise NotImplementedError(
-        "KL(Radial || Radial) has no closed form; kl_divergence stays deterministic, so use "
-        "vmfdist.distributions.kl_radial_radial(q, p, num_samples, generator) for an unbiased Monte Carlo estimate")
 
 
 def kl_radial_radial(q: Radial, p: Radial, num_samples: int = 16,

@@ -32,12 +32,10 @@ from typing import Optional
 
 import torch
 from torch.distributions import Distribution, constraints
-from torch.distributions.kl import register_kl
-from torch.distributions.utils import broadcast_all
 
 from .. import special
-from ..ops import vmf
-from ..random import draw_seed_offset
+from .._ops import lib
+from .._ops.random import draw_seed_offset
 
 __all__ = [
     "VonMisesFisher",
@@ -46,7 +44,6 @@ __all__ = [
     "vmf_log_normalizer",
     "fit_vmf",
     "sphere",
-    "unit_vector",
 ]
 
 
@@ -67,8 +64,6 @@ class _Sphere(constraints.Constraint):
 
 #: The support of :class:`VonMisesFisher`: unit vectors along the last dimension, so event dimension 1.
 sphere = _Sphere()
-#: ``loc`` of :class:`VonMisesFisher` must be a unit vector.
-unit_vector = sphere
 
 
 def log_sphere_area(d, dtype=torch.float64, device=None) -> torch.Tensor:
@@ -144,7 +139,7 @@ class VonMisesFisher(Distribution):
     optional ``generator`` (the seed of the Philox streams is drawn from it).
     """
 
-    arg_constraints = {"loc": unit_vector, "concentration": constraints.nonnegative}
+    arg_constraints = {"loc": sphere, "concentration": constraints.nonnegative}
     support = sphere
     has_rsample = True
 
@@ -244,7 +239,7 @@ class VonMisesFisher(Distribution):
         loc = self.loc.reshape(-1, d)
         kappa = self.concentration.reshape(-1)
         seed, offset = draw_seed_offset(generator, loc.device)
-        x, _ = vmf.vmf_sample(loc, kappa, n, seed, offset)
+        x, _ = lib.vmf_sample(loc, kappa, n, seed, offset)
         return x.reshape(shape)
 
     def sample(self, sample_shape=torch.Size(), generator: Optional[torch.Generator] = None):
@@ -320,42 +315,8 @@ class HypersphericalUniform(Distribution):
         kappa = torch.zeros(b, dtype=self._dtype, device=self._device)
         seed, offset = draw_seed_offset(generator, self._device)
         with torch.no_grad():
-            x, _ = vmf.vmf_sample(loc, kappa, n, seed, offset)
+            x, _ = lib.vmf_sample(loc, kappa, n, seed, offset)
         return x.reshape(self._extended_shape(sample_shape))
-
-
-# ---- KL divergences ----------------------------------------------------------
-@register_kl(VonMisesFisher, VonMisesFisher)
-def _kl_vmf_vmf(q, p):
-    r"""KL(q || p) = E_q[log q - log p]
-    = [log C(k_q) + k_q] - [log C(k_p) + k_p] - k_q (1 - A_q) + k_p ((1 - A_q) + A_q |mu_p - mu_q|^2 / 2),
-    the general formula (002, sec. 6.1) written with 1 - A_q mu_p^T mu_q = (1 - A_q) + A_q |mu_p - mu_q|^2/2."""
-    if q.dim != p.dim:
-        raise ValueError(f"KL(vMF || vMF) needs the same dimension, got {q.dim} and {p.dim}")
-    kq, kp = q.concentration, p.concentration
-    half = torch.full_like(kq, 0.5 * q.dim)
-    a = special.bessel_iv_ratio(half, kq)
-    c = special.bessel_iv_ratio_c(half, kq)
-    half_sq = 0.5 * (p.loc - q.loc).pow(2).sum(-1)
-    return q.log_normalizer(scaled=True) - p.log_normalizer(scaled=True) - kq * c + kp * (c + a * half_sq)
-
-
-@register_kl(VonMisesFisher, HypersphericalUniform)
-def _kl_vmf_uniform(q, p):
-    """KL(vMF || uniform) = log C(k) + k A + log S_{d-1}; 0 at k = 0."""
-    if q.dim != p.dim:
-        raise ValueError(f"KL(vMF || uniform) needs the same dimension, got {q.dim} and {p.dim}")
-    k = q.concentration
-    c = special.bessel_iv_ratio_c(torch.full_like(k, 0.5 * q.dim), k)
-    kl = q.log_normalizer(scaled=True) - k * c + log_sphere_area(q.dim, dtype=k.dtype, device=k.device)
-    return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))
-
-
-@register_kl(HypersphericalUniform, HypersphericalUniform)
-def _kl_uniform_uniform(q, p):
-    if q.dim != p.dim:
-        raise ValueError(f"KL(uniform || uniform) needs the same dimension, got {q.dim} and {p.dim}")
-    return torch.zeros(torch.broadcast_shapes(q.batch_shape, p.batch_shape), dtype=q._dtype, device=q._device)
 
 
 # ---- maximum likelihood ------------------------------------------------------

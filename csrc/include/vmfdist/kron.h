@@ -2,7 +2,7 @@
 // kron_eigen_noise, kron_eigen_sample): the elementwise pass between the matrix
 // products, written once for the CPU loops (csrc/cpu/kron_cpu.cpp) and the CUDA
 // kernels (csrc/cuda/kron_cuda.cu).  The matrix products themselves are ATen
-// calls (csrc/include/vmfdist/kron_host.h).
+// calls (csrc/host/kron_host.h).
 //
 //   kron_eigen_matvec:  T <- T * s^p           (T = Q_out^T V Q_in, in place)
 //   kron_eigen_noise:   Z <- E * s^p           (E standard normal, drawn here)

@@ -29,7 +29,6 @@ namespace vmfdist {
 namespace vmf {
 
 VMF_CONSTANT double kPi = 3.14159265358979323846264338327950288;
-VMF_CONSTANT double kTwoPi = 6.28318530717958647692528676655900577;
 
 // The marginal w with its distances to the poles, each accurate to rounding.
 struct Marginal {

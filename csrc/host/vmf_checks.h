@@ -6,7 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "vmfdist/philox.h"
-#include "vmfdist/tensor_checks.h"
+#include "host/tensor_checks.h"
 
 namespace vmfdist {
 

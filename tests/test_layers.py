@@ -1,0 +1,190 @@
+"""The house's layering (../shared/DESIGN.md, "Layers of the house"), checked on the source.
+
+Every module of the ``vmfdist`` package is parsed (not imported) and each of its
+``vmfdist`` imports is resolved to the module it names.  The test fails when
+
+* a module imports from a layer above its own (data flows downward only), or from a
+  sibling the rules single out (optim never imports nn; optim and laplace never import
+  each other);
+* an import of a ``vmfdist`` module sits inside a function or class body (such imports
+  are how a cycle gets hidden);
+* the module graph has a cycle.
+
+The layers, bottom to top.  Modules of one row may import each other except where a rule
+below forbids it; the package roots (``vmfdist/__init__.py`` and each subpackage's
+``__init__``) re-export their own rows and the rows below them.
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+import shutil
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1] / "vmfdist"
+
+# rank of each top-level part of the package (higher = further up the house)
+LAYERS = {
+    "_C": 0,
+    "_ops": 1,
+    "special": 2, "random": 2, "linalg": 2, "testing": 2,
+    "distributions": 3,
+    "curvature": 4,
+    "nn": 5,
+    "optim": 6,
+    "laplace": 7,
+    "experiments": 8,
+    "demo": 9,
+}
+# (importer part, imported part) pairs forbidden although the ranks would allow them
+FORBIDDEN = {("optim", "nn"), ("optim", "laplace"), ("laplace", "optim")}
+# pairs allowed although the ranks would forbid them (none today; DESIGN.md lets laplace use nn,
+# which the ranks already allow)
+ALLOWED_UPWARD: set = set()
+
+
+def _module_name(path: pathlib.Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules():
+    return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _resolve(module: str, is_pkg: bool, node: ast.ImportFrom) -> list:
+    """The absolute ``vmfdist`` module names an ImportFrom refers to."""
+    if node.level:
+        base = module.split(".") if is_pkg else module.split(".")[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    names = [target]
+    # `from . import x` / `from .pkg import mod`: the names may be submodules
+    names += [f"{target}.{a.name}" for a in node.names]
+    return names
+
+
+def _imports(module: str, path: pathlib.Path):
+    """(imported vmfdist module, line, nested) for every vmfdist import of ``module``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_pkg = path.name == "__init__.py"
+    known = _modules()
+    out = []
+
+    def visit(node, nested):
+        for child in ast.iter_child_nodes(node):
+            inner = nested or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                for a in child.names:
+                    if a.name == "vmfdist" or a.name.startswith("vmfdist."):
+                        out.append((a.name, child.lineno, nested))
+            elif isinstance(child, ast.ImportFrom):
+                cands = _resolve(module, is_pkg, child)
+                if not cands[0].startswith("vmfdist"):
+                    continue
+                hits = [c for c in cands[1:] if c in known or (cands[0] == "vmfdist" and _part(c) in LAYERS)]
+                for c in hits or [cands[0]]:
+                    out.append((c, child.lineno, nested))
+            visit(child, inner)
+
+    visit(tree, False)
+    return out
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _graph():
+    return {m: _imports(m, p) for m, p in _modules().items()}
+
+
+def test_every_part_has_a_layer():
+    parts = {_part(m) for m in _modules()} - {""}
+    assert parts <= set(LAYERS), f"modules outside the layer table: {sorted(parts - set(LAYERS))}"
+
+
+def test_imports_go_downward_only():
+    bad = []
+    for mod, imports in _graph().items():
+        src = _part(mod)
+        if src == "":
+            continue  # the package root re-exports everything
+        for target, line, _ in imports:
+            dst = _part(target)
+            if dst == "" or dst == src:
+                continue
+            if (src, dst) in FORBIDDEN:
+                bad.append(f"{mod}:{line} imports {target} ({src} must never import {dst})")
+            elif LAYERS[dst] > LAYERS[src] and (src, dst) not in ALLOWED_UPWARD:
+                bad.append(f"{mod}:{line} imports {target}, a layer above it ({dst} over {src})")
+    assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+def test_no_function_level_imports_of_vmfdist():
+    bad = [f"{mod}:{line} imports {target} inside a function or class"
+           for mod, imports in _graph().items() for target, line, nested in imports if nested]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycles():
+    graph = {m: sorted({t for t, _, _ in imps if t in _modules() and t != m}) for m, imps in _graph().items()}
+    state, stack, cycles = {}, [], []
+
+    def dfs(m):
+        state[m] = 1
+        stack.append(m)
+        for n in graph.get(m, ()):
+            # a package importing its own submodules (or a submodule importing its package's
+            # already-initialised names) is how packages are built, not a cycle of layers
+            if n.startswith(m + ".") or m.startswith(n + "."):
+                continue
+            if state.get(n) == 1:
+                cycles.append(stack[stack.index(n):] + [n])
+            elif n not in state:
+                dfs(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in graph:
+        if m not in state:
+            dfs(m)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("src, dst", [("special", "distributions"), ("_ops", "random"), ("optim", "nn")])
+def test_the_checker_catches_a_violation(tmp_path, monkeypatch, src, dst):
+    """The check itself can fail: an upward (or forbidden) import planted in a copy of the
+    package is reported."""
+    pkg = tmp_path / "vmfdist"
+    shutil.copytree(ROOT, pkg, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    target = pkg / (src if (pkg / src).is_dir() else f"{src}.py")
+    if target.is_dir():
+        target = target / "__init__.py"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    text = target.read_text() if target.exists() else ""
+    target.write_text(text + f"\nfrom vmfdist import {dst}  # planted\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", pkg)
+    with pytest.raises(AssertionError):
+        test_imports_go_downward_only()
+
+
+def test_the_checker_catches_a_cycle_and_a_hidden_import(tmp_path, monkeypatch):
+    pkg = tmp_path / "vmfdist"
+    shutil.copytree(ROOT, pkg, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    (pkg / "linalg.py").write_text((pkg / "linalg.py").read_text() + "\nfrom . import special  # planted\n")
+    (pkg / "special.py").write_text((pkg / "special.py").read_text()
+                                    + "\nfrom . import linalg  # planted\n\ndef f():\n    from . import random\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", pkg)
+    with pytest.raises(AssertionError, match="cycles"):
+        test_no_import_cycles()
+    with pytest.raises(AssertionError, match="inside a function"):
+        test_no_function_level_imports_of_vmfdist()

@@ -1,0 +1,22 @@
+"""Private: registrations for the compiled operators, one module per op family.
+
+Every operator is declared once in ``csrc/ops.cpp`` (namespace ``vmfdist``) and implemented
+by ``csrc/cpu/*_cpu.cpp`` and ``csrc/cuda/*_cuda.cu``.  Importing this package loads the
+extension (:mod:`._lib`, which also holds :data:`lib`, the ``torch.ops.vmfdist`` namespace)
+and registers, per family, the fake (meta) kernels that ``torch.compile`` and meta tensors
+need and the autograd formulas:
+
+* :mod:`.special` -- Bessel ratios, log-Bessel functions, bounds, approximations
+* :mod:`.random`  -- Philox uniforms and normals; :func:`.random.draw_seed_offset`
+* :mod:`.vmf`     -- the von Mises--Fisher sampler (implicit reparameterisation)
+* :mod:`.radial`  -- the fused radial noise
+* :mod:`.kron`    -- the Kronecker-eigenbasis products and noise
+
+The public functions over these ops live in the modules of their area
+(:mod:`vmfdist.special`, :mod:`vmfdist.random`, :mod:`vmfdist.linalg`,
+:mod:`vmfdist.distributions`).
+"""
+from . import kron, radial, random, special, vmf  # noqa: F401  (registrations)
+from ._lib import lib
+
+__all__ = ["lib"]

@@ -1,0 +1,35 @@
+"""The compiled operator library and the helpers every op family's registrations share.
+
+Importing this module loads the extension ``vmfdist._C``, whose static
+``TORCH_LIBRARY(vmfdist, m)`` block (``csrc/ops.cpp``) declares every schema and whose
+backend files register the CPU and CUDA kernels.  :data:`lib` is that operator library,
+``torch.ops.vmfdist``.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import _C  # noqa: F401  (loading the library runs the TORCH_LIBRARY registrations)
+
+#: The ``vmfdist`` operator library (``torch.ops.vmfdist``), declared in ``csrc/ops.cpp``.
+lib = torch.ops.vmfdist
+
+
+def _binary_result(nu: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    dt = torch.result_type(nu, z)
+    if not dt.is_floating_point:
+        dt = torch.get_default_dtype()
+    shape = torch.broadcast_shapes(nu.shape, z.shape)
+    return nu.new_empty(shape, dtype=dt)
+
+
+def _sum_to(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Reduce a broadcast gradient back to the shape (and dtype) of ``like``."""
+    if grad.shape != like.shape:
+        lead = grad.dim() - like.dim()
+        if lead > 0:
+            grad = grad.sum(dim=tuple(range(lead)))
+        dims = tuple(i for i, s in enumerate(like.shape) if s == 1 and grad.shape[i] != 1)
+        if dims:
+            grad = grad.sum(dim=dims, keepdim=True)
+    return grad.to(like.dtype) if like.is_floating_point() else grad

@@ -1,0 +1,168 @@
+"""Fake kernels and autograd of the Kronecker-eigenbasis ops (``csrc/include/vmfdist/kron.h``,
+``kron_host.h``).
+"""
+from __future__ import annotations
+
+import torch
+
+from ._lib import _sum_to, lib
+
+
+def _kron_promote(op, **named):
+    dt = None
+    for name, t in named.items():
+        torch._check(t.dtype.is_floating_point, lambda: f"{op}: {name} must be a floating tensor, got dtype {t.dtype}")
+        dt = t.dtype if dt is None else torch.promote_types(dt, t.dtype)
+    return dt
+
+
+def _kron_check_matrix(op, name, t, rows, cols, what):
+    torch._check(t.dim() >= 2, lambda: f"{op}: {name} must have at least 2 dimensions ({what}), got shape {tuple(t.shape)}")
+    torch._check(t.shape[-2] == rows and t.shape[-1] == cols,
+                 lambda: f"{op}: {name} must have trailing shape ({rows}, {cols}) ({what}), got shape {tuple(t.shape)}")
+
+
+def _kron_check_bcast(op, name, t, rows, cols, what):
+    torch._check(t.dim() >= 2, lambda: f"{op}: {name} must have at least 2 dimensions ({what}), got shape {tuple(t.shape)}")
+    torch._check((t.shape[-2] == rows or t.shape[-2] == 1) and (t.shape[-1] == cols or t.shape[-1] == 1),
+                 lambda: f"{op}: {name} must have trailing shape ({rows}, {cols}) or one that broadcasts to it ({what}), "
+                         f"got shape {tuple(t.shape)}")
+
+
+def _kron_batch(op, **named):
+    try:
+        return torch.broadcast_shapes(*(t.shape[:-2] for t in named.values()))
+    except RuntimeError:
+        shapes = ", ".join(f"{k} {tuple(t.shape[:-2])}" for k, t in named.items())
+        raise RuntimeError(f"{op}: the batch shapes do not broadcast: {shapes}") from None
+
+
+@torch.library.register_fake("vmfdist::kron_eigen_matvec")
+def _(q_out, q_in, scale, v, power=1.0):
+    op = "kron_eigen_matvec"
+    torch._check(v.dim() >= 2, lambda: f"{op}: v must have shape (..., out, in), got {tuple(v.shape)}")
+    o, i = v.shape[-2], v.shape[-1]
+    _kron_check_matrix(op, "q_out", q_out, o, o, "the out x out eigenbasis, out = v.size(-2)")
+    _kron_check_matrix(op, "q_in", q_in, i, i, "the in x in eigenbasis, in = v.size(-1)")
+    _kron_check_bcast(op, "scale", scale, o, i, "the eigenvalues, like v")
+    dt = _kron_promote(op, v=v, q_out=q_out, q_in=q_in, scale=scale)
+    batch = _kron_batch(op, v=v, q_out=q_out, q_in=q_in, scale=scale)
+    return v.new_empty(tuple(batch) + (o, i), dtype=dt)
+
+
+@torch.library.register_fake("vmfdist::kron_eigen_noise")
+def _(variance, size, seed, offset, power=0.5):
+    torch._check(len(size) >= 2, lambda: f"kron_eigen_noise: size must have at least 2 dimensions, got {size}")
+    torch._check(variance.dtype.is_floating_point,
+                 lambda: f"kron_eigen_noise: variance must be a floating tensor, got dtype {variance.dtype}")
+    return variance.new_empty(size)
+
+
+@torch.library.register_fake("vmfdist::kron_eigen_sample")
+def _(loc, q_out, q_in, variance, num_samples, seed, offset):
+    op = "kron_eigen_sample"
+    torch._check(loc.dim() >= 2, lambda: f"{op}: loc must have shape (..., out, in), got {tuple(loc.shape)}")
+    o, i = loc.shape[-2], loc.shape[-1]
+    _kron_check_matrix(op, "q_out", q_out, o, o, "the out x out eigenbasis, out = loc.size(-2)")
+    _kron_check_matrix(op, "q_in", q_in, i, i, "the in x in eigenbasis, in = loc.size(-1)")
+    _kron_check_bcast(op, "variance", variance, o, i, "the eigenvalues, like loc")
+    torch._check(num_samples >= 0, lambda: f"{op}: num_samples must be non-negative, got {num_samples}")
+    dt = _kron_promote(op, loc=loc, q_out=q_out, q_in=q_in, variance=variance)
+    batch = _kron_batch(op, loc=loc, q_out=q_out, q_in=q_in, variance=variance)
+    return loc.new_empty((num_samples,) + tuple(batch) + (o, i), dtype=dt)
+
+
+def _kron_matvec_setup(ctx, inputs, output):
+    q_out, q_in, scale, v = inputs[:4]
+    ctx.power = float(inputs[4]) if len(inputs) > 4 else 1.0
+    ctx.save_for_backward(q_out, q_in, scale, v)
+
+
+def _kron_matvec_backward(ctx, grad):
+    r"""Y = Q_o K Q_i^T, K = T * S, T = Q_o^T V Q_i, S = scale^p.  With H = Q_o^T G Q_i:
+    dV = Q_o (H * S) Q_i^T (the op itself: it is self-adjoint in V),
+    dscale = H * T * p scale^(p-1),
+    dQ_o = G Q_i K^T + V Q_i (H * S)^T,   dQ_i = G^T Q_o K + V^T Q_o (H * S)."""
+    qo0, qi0, s0, v0 = ctx.saved_tensors
+    p = ctx.power
+    need_qo, need_qi, need_s, need_v = ctx.needs_input_grad[:4]
+    dt = grad.dtype
+    qo, qi, s, v = (t.to(dt) for t in (qo0, qi0, s0, v0))
+    g_qo = g_qi = g_s = g_v = None
+    if need_v and not (need_qo or need_qi or need_s):
+        return None, None, None, _sum_to(lib.kron_eigen_matvec(qo, qi, s, grad, p), v0), None
+    h = qo.mT @ grad @ qi
+    sp = s if p == 1.0 else (torch.ones_like(s) if p == 0.0 else s.pow(p))
+    hs = h * sp
+    if need_v:
+        g_v = _sum_to(qo @ hs @ qi.mT, v0)
+    if need_s or need_qo or need_qi:
+        t = qo.mT @ v @ qi
+        if need_s:
+            if p == 0.0:
+                g_s = torch.zeros_like(s0)
+            else:
+                ds = 1.0 if p == 1.0 else p * s.pow(p - 1.0)
+                g_s = _sum_to(h * t * ds, s0)
+        if need_qo or need_qi:
+            k = t * sp
+            if need_qo:
+                g_qo = _sum_to(grad @ qi @ k.mT + v @ qi @ hs.mT, qo0)
+            if need_qi:
+                g_qi = _sum_to(grad.mT @ qo @ k + v.mT @ qo @ hs, qi0)
+    return g_qo, g_qi, g_s, g_v, None
+
+
+torch.library.register_autograd("vmfdist::kron_eigen_matvec", _kron_matvec_backward, setup_context=_kron_matvec_setup)
+
+
+def _kron_noise_setup(ctx, inputs, output):
+    variance, size, seed, offset = inputs[:4]
+    ctx.power = float(inputs[4]) if len(inputs) > 4 else 0.5
+    ctx.size, ctx.seed, ctx.offset = list(size), seed, offset
+    ctx.save_for_backward(variance)
+
+
+def _kron_noise_backward(ctx, grad):
+    """d(E * var^p)/dvar = p E var^(p-1): the same noise, regenerated with power p - 1."""
+    (variance,) = ctx.saved_tensors
+    p = ctx.power
+    if p == 0.0:
+        return torch.zeros_like(variance), None, None, None, None
+    e = lib.kron_eigen_noise(variance.to(grad.dtype), ctx.size, ctx.seed, ctx.offset, p - 1.0)
+    return _sum_to(p * grad * e, variance), None, None, None, None
+
+
+torch.library.register_autograd("vmfdist::kron_eigen_noise", _kron_noise_backward, setup_context=_kron_noise_setup)
+
+
+def _kron_sample_setup(ctx, inputs, output):
+    loc, q_out, q_in, variance, num_samples, seed, offset = inputs
+    ctx.seed, ctx.offset = seed, offset
+    ctx.save_for_backward(loc, q_out, q_in, variance)
+
+
+def _kron_sample_backward(ctx, grad):
+    r"""W = loc + Q_o Z Q_i^T with Z = E * var^(1/2) regenerated from (seed, offset):
+    dloc = G, dvar = (Q_o^T G Q_i) * E var^(-1/2) / 2, dQ_o = G Q_i Z^T, dQ_i = G^T Q_o Z
+    (summed over the samples and any broadcast batch dimensions)."""
+    loc0, qo0, qi0, var0 = ctx.saved_tensors
+    need_loc, need_qo, need_qi, need_var = ctx.needs_input_grad[:4]
+    dt = grad.dtype
+    qo, qi, var = qo0.to(dt), qi0.to(dt), var0.to(dt)
+    size = list(grad.shape)
+    g_loc = _sum_to(grad, loc0) if need_loc else None
+    g_qo = g_qi = g_var = None
+    if need_var:
+        h = qo.mT @ grad @ qi
+        g_var = _sum_to(0.5 * h * lib.kron_eigen_noise(var, size, ctx.seed, ctx.offset, -0.5), var0)
+    if need_qo or need_qi:
+        z = lib.kron_eigen_noise(var, size, ctx.seed, ctx.offset, 0.5)
+        if need_qo:
+            g_qo = _sum_to(grad @ qi @ z.mT, qo0)
+        if need_qi:
+            g_qi = _sum_to(grad.mT @ qo @ z, qi0)
+    return g_loc, g_qo, g_qi, g_var, None, None, None
+
+
+torch.library.register_autograd("vmfdist::kron_eigen_sample", _kron_sample_backward, setup_context=_kron_sample_setup)

@@ -1,0 +1,77 @@
+"""Fake kernels and the implicit-reparameterisation autograd of the von Mises--Fisher ops
+(``csrc/include/vmfdist/vmf.h``), and :func:`householder`, the reflection the sampler uses.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._lib import _binary_result, lib
+
+
+@torch.library.register_fake("vmfdist::vmf_sample")
+def _(loc, concentration, num_samples, seed, offset):
+    torch._check(loc.dim() == 2, lambda: f"vmf_sample: loc must have shape (batch, d), got {tuple(loc.shape)}")
+    torch._check(concentration.dim() == 1 and concentration.shape[0] == loc.shape[0],
+                 lambda: "vmf_sample: concentration must have shape (batch,)")
+    b, d = loc.shape
+    return loc.new_empty((num_samples, b, d)), loc.new_empty((num_samples, b))
+
+
+@torch.library.register_fake("vmfdist::vmf_marginal_grad")
+def _(one_minus_w, concentration, dim):
+    return _binary_result(one_minus_w, concentration)
+
+
+def householder(mu: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    r"""Apply the reflection :math:`Q(\mu)` with :math:`Q e_1 = \mu` (unit ``mu``) to ``y``.
+
+    The same map as the sampling kernels (``vmf.h: Reflection``): for
+    :math:`\mu_0 \ge 0`, :math:`Q = -(I - 2uu^T)` with :math:`u \propto e_1 + \mu`;
+    otherwise :math:`Q = I - 2uu^T` with :math:`u \propto e_1 - \mu`, so the
+    normaliser :math:`2(1 + |\mu_0|)` never cancels.  :math:`Q` is symmetric and
+    its own inverse.  Broadcasts over leading dimensions; differentiable.
+    """
+    mu0 = mu[..., :1]
+    sgn = torch.where(mu0 >= 0, -1.0, 1.0).to(y.dtype)
+    den = 1.0 + mu0.abs()
+    sigma = y[..., :1] * den - sgn * (mu[..., 1:] * y[..., 1:]).sum(-1, keepdim=True)
+    return torch.cat([sgn * (y[..., :1] - sigma), sgn * y[..., 1:] + mu[..., 1:] * (sigma / den)], dim=-1)
+
+
+def _vmf_sample_setup(ctx, inputs, output):
+    loc, concentration = inputs[0], inputs[1]
+    x, omw = output
+    ctx.save_for_backward(loc, concentration, x, omw)
+
+
+def _vmf_sample_backward(ctx, grad_x, grad_omw):
+    """Implicit reparameterisation: x = Q(mu/|mu|) (w, sqrt(1 - w^2) v) with the noise
+    (the quantile of w and the direction v) held fixed.  dw/dkappa comes from the
+    vmf_marginal_grad kernel; the rotation is differentiated by autograd."""
+    loc, kappa, x, omw = ctx.saved_tensors
+    d = loc.shape[-1]
+    grad_loc = grad_kappa = None
+    if grad_x is None:
+        grad_x = torch.zeros_like(x)
+    with torch.no_grad():
+        mu_hat = loc / torch.linalg.vector_norm(loc, dim=-1, keepdim=True)
+        y = householder(mu_hat, x)  # Q is an involution: the unrotated sample
+    if ctx.needs_input_grad[1]:
+        w = 1.0 - omw
+        gq = householder(mu_hat, grad_x)
+        one_m_w2 = omw * (2.0 - omw)
+        tang = (gq[..., 1:] * y[..., 1:]).sum(-1)
+        safe = torch.where(one_m_w2 > 0, one_m_w2, torch.ones_like(one_m_w2))
+        dl_dw = gq[..., 0] - torch.where(one_m_w2 > 0, w * tang / safe, torch.zeros_like(tang))
+        if grad_omw is not None:
+            dl_dw = dl_dw - grad_omw
+        grad_kappa = (dl_dw * lib.vmf_marginal_grad(omw, kappa, d)).sum(0)
+    if ctx.needs_input_grad[0]:
+        with torch.enable_grad():
+            loc_ = loc.detach().requires_grad_(True)
+            xr = householder(loc_ / torch.linalg.vector_norm(loc_, dim=-1, keepdim=True), y)
+            (grad_loc,) = torch.autograd.grad(xr, loc_, grad_x)
+    return grad_loc, grad_kappa, None, None, None
+
+
+torch.library.register_autograd("vmfdist::vmf_sample", _vmf_sample_backward, setup_context=_vmf_sample_setup)
