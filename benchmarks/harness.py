@@ -264,9 +264,8 @@ def fmt_rate(v: Optional[float]) -> str:
 class Table:
     """A markdown table: ``t = Table("a", "b"); t.add(1, 2); str(t)``."""
 
-    def __init__(self, *header: str, align: Optional[Iterable[str]] = None):
+    def __init__(self, *header: str):
         self.header = list(header)
-        self.align = list(align) if align is not None else ["---"] * len(header)
         self.rows: List[List[str]] = []
 
     def add(self, *cells) -> "Table":
@@ -274,7 +273,7 @@ class Table:
         return self
 
     def __str__(self) -> str:
-        lines = ["| " + " | ".join(self.header) + " |", "|" + "|".join(self.align) + "|"]
+        lines = ["| " + " | ".join(self.header) + " |", "|" + "---|" * len(self.header)]
         return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in self.rows]) + "\n"
 
 

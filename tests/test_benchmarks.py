@@ -1,11 +1,21 @@
-"""The benchmark harness (benchmarks/harness.py).
+"""The benchmark harness (benchmarks/harness.py) and the recorded reports in docs/benchmarks.
 
-No speed is asserted here: these check that the harness counts, orders and records what it says."""
+No speed is asserted here: these check that the harness counts, orders and records what it says,
+that every recorded table is exactly what the report writer makes of its JSON, and that the
+driver runs one area end to end."""
+import importlib
 import json
 import math
+import os
 import time
 
+import pytest
+
+from benchmarks import accuracy
 from benchmarks import harness as H
+from benchmarks import run as R
+
+DOCS = os.path.join(H.ROOT, "docs", "benchmarks")
 
 
 def test_time_fn_repeats_until_count_and_time():
@@ -61,3 +71,37 @@ def test_json_keeps_inf_and_nan(tmp_path):
     json.load(open(p))  # strict JSON
     back = H.load_json(p)
     assert back["a"] == [math.inf, -math.inf, 1.5] and math.isnan(back["b"]["c"])
+
+
+@pytest.mark.parametrize("area", sorted(f[:-5] for f in os.listdir(DOCS) if f.endswith(".json")))
+def test_recorded_report_matches_its_json(area):
+    """docs/benchmarks/<area>.md is what the report writer makes of <area>.json (no hand edits)."""
+    mod = importlib.import_module(f"benchmarks.bench_{area}")
+    with open(os.path.join(DOCS, f"{area}.md")) as f:
+        assert mod.render(H.load_json(os.path.join(DOCS, f"{area}.json"))) == f.read()
+
+
+def test_recorded_accuracy_table_matches_its_json():
+    with open(os.path.join(H.ROOT, "docs", "accuracy.md")) as f:
+        assert accuracy.render_markdown(H.load_json(os.path.join(H.ROOT, "docs", "accuracy.json"))) == f.read()
+
+
+def test_driver_runs_an_area_end_to_end(tmp_path, monkeypatch):
+    import torch
+
+    assert {"special", "vmf", "radial", "kron"} <= set(R.areas())
+    for k in ("XLA_FLAGS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_CPP_MIN_LOG_LEVEL"):
+        monkeypatch.setenv(k, os.environ.get(k, ""))  # restored after the test
+        monkeypatch.delenv(k)
+    threads = torch.get_num_threads()
+    try:
+        assert R.main(["radial", "--quick", "--repeats", "2", "--out", str(tmp_path)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    res = H.load_json(str(tmp_path / "radial.json"))
+    assert res["meta"]["shape"] == [3, 3, 64, 64] and res["meta"]["seconds"] > 0
+    assert set(res["rows"]) == {"composite", "ours", "composite fwd+bwd", "ours fwd+bwd", "add (bandwidth probe)"}
+    md = (tmp_path / "radial.md").read_text()
+    assert "| sample (forward) |" in md and "| sample fwd+bwd |" in md
+    assert R.main(["radial", "--report", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "radial.md").read_text() == md

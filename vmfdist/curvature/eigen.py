@@ -27,7 +27,8 @@ def eigen_basis(factor: torch.Tensor, min_eigenvalue: float = 0.0) -> Tuple[torc
     """Eigenvalues (ascending, clamped below at ``min_eigenvalue``) and orthonormal
     eigenvectors (columns) of the symmetrised ``factor``, by ``torch.linalg.eigh``.
 
-    Signs are canonical: the entry of largest magnitude of each eigenvector is positive,
+    The basis is returned contiguous (row-major), e.g. for ``torch.distributed.broadcast``,
+    which sends the storage as it lies.  Signs are canonical: the entry of largest magnitude of each eigenvector is positive,
     so that nearly equal factors (e.g. on different ranks, or summed in another order)
     give nearly equal bases, not bases differing by column signs.
     """
@@ -35,7 +36,7 @@ def eigen_basis(factor: torch.Tensor, min_eigenvalue: float = 0.0) -> Tuple[torc
     idx = q.abs().argmax(dim=-2, keepdim=True)
     sign = torch.gather(q, -2, idx).sign()
     sign = torch.where(sign == 0, torch.ones_like(sign), sign)
-    return d.clamp_min(min_eigenvalue), q * sign
+    return d.clamp_min(min_eigenvalue), (q * sign).contiguous()  # eigh returns column-major
 
 
 def trace_norm_pi(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
