@@ -1,17 +1,18 @@
 """Laplace benchmark: vmfdist.laplace (KFACLaplace, EKFACLaplace) against laplace-torch's
 KronLaplace on the same models and data, in the same process and run.
 
-    python -m benchmarks.bench_laplace            # full run, writes docs/benchmarks/laplace.{md,json}
-    python -m benchmarks.bench_laplace --quick    # fewer repeats
-    python -m benchmarks.bench_laplace --report   # re-render the markdown from the JSON
+    python -m benchmarks.run laplace --threads 1      # writes docs/benchmarks/laplace.{md,json}
+    python -m benchmarks.run laplace --quick          # fewer repeats, to /tmp/vmfdist-bench
+    python -m benchmarks.run laplace --report         # re-render the markdown from the JSON
 
 What is timed (float32, CPU, ``--threads`` threads for everyone):
 
 - ``fit``: ``la.fit(train_loader)`` (batches of 128): Kronecker factors (exact GGN, as
   laplace-torch's default backend computes them), their eigendecompositions and the
   training loss; EK-FAC adds its second pass.
-- ``glm predictive``: ``la(x_test)`` for 500 test inputs (probit link for classification;
-  mean and variance for regression).
+- ``glm predictive``: ``la(x_test)`` for 500 test inputs (50 for the CNN: laplace-torch's full
+  Jacobians for 500 took 18 GB and were killed) (probit link for classification; mean and
+  variance for regression).
 - ``marglik``: ``la.optimize_prior_precision(method="marglik", n_steps=100)`` (layer-wise prior).
 - ``nn predictive``: ``la(x_test, pred_type="nn", link_approx="mc", n_samples=100)``.
 
@@ -24,8 +25,6 @@ the two implementations agree (largest relative difference of the outputs).
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import warnings
 
 TITLE = "Laplace: fit and predictive against laplace-torch"
@@ -35,11 +34,7 @@ MODELS = ("uci_mlp", "digits_mlp", "digits_cnn")
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--models", nargs="*", default=list(MODELS))
-    p.add_argument("--threads", type=int, default=1,
-                   help="threads for everyone (default 1: on a shared, loaded 2-core machine two OpenMP threads "
-                        "wait on each other in every small op)")
-    p.add_argument("--quick", action="store_true")
+    p.add_argument("--models", nargs="*", default=list(MODELS), choices=MODELS)
     p.add_argument("--max-call", type=float, default=20.0, help="cap (s) on one call of a slow implementation")
 
 
@@ -64,7 +59,7 @@ def _setup(name, torch, nn):
                               nn.ReLU(), nn.Flatten(), nn.Linear(32 * 4 * 4, 10))
         X = torch.randn(N, 1, 8, 8, generator=g)
         y = torch.randint(0, 10, (N,), generator=g)
-        Xt = torch.randn(500, 1, 8, 8, generator=g)
+        Xt = torch.randn(50, 1, 8, 8, generator=g)  # laplace-torch's Jacobians took 18 GB for 500 inputs
     return model, lik, X, y, Xt
 
 
@@ -79,7 +74,6 @@ def _rel(a, b):
 def run(args) -> dict:
     from benchmarks import harness as H
 
-    H.set_threads(args.threads)
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
@@ -88,6 +82,7 @@ def run(args) -> dict:
     from vmfdist.laplace import EKFACLaplace, KFACLaplace
 
     warnings.simplefilter("ignore")
+    meta = H.meta(args, packages=("laplace-torch", "curvlinops-for-pytorch"))
     tkw = H.timing(args.quick)
     tkw["max_call"] = args.max_call
     rows = []
@@ -132,33 +127,35 @@ def run(args) -> dict:
             elif task == "fit":
                 agree = abs(float(fitted["KFACLaplace"].log_marginal_likelihood(ref.prior_precision)
                                   - ref.log_marginal_likelihood())) / abs(float(ref.log_marginal_likelihood()))
-            rows.append({"model": name, "likelihood": lik, "n_params": n_params, "N": len(X), "task": task,
+            rows.append({"model": name, "likelihood": lik, "n_params": n_params, "N": len(X), "n_test": len(Xt), "task": task,
                          "times": times, "agreement": agree})
-    return {"meta": H.meta(args, packages=("laplace-torch", "curvlinops-for-pytorch")), "rows": rows}
+    return {"meta": meta, "rows": rows}
 
 
 def render(result) -> str:
     from benchmarks import harness as H
 
-    lines = H.header(result, TITLE, "python -m benchmarks.bench_laplace", NAME)
+    lines = H.header(result, TITLE, f"python -m benchmarks.run laplace --threads {result['meta']['threads']}", NAME)
     lines += ["",
-              "Same model, data and settings for both libraries: float32 on the CPU, exact-GGN Kronecker "
+              f"Same model, data and settings for both libraries: float32 on the CPU, "
+              f"{result['meta']['threads']} thread(s), exact-GGN Kronecker "
               "factors (laplace-torch's default `CurvlinopsGGN` backend), weights and biases in separate "
-              "blocks, batches of 128, 500 test inputs.  Times are the minimum over repeats "
+              "blocks, batches of 128, 500 test inputs (50 for the CNN: laplace-torch's Jacobians for 500 needed 18 GB).  Times are the minimum over repeats "
               "(`benchmarks/harness.py`); *speed-up* is laplace-torch's time over ours (> 1: we are faster).  "
               "*agreement* is the largest relative difference between our result and laplace-torch's "
               "(fit: log marginal likelihood; GLM predictive: the outputs; marglik: the optimised prior "
               "precisions), in float32.  The nn predictive draws different random weights in the two "
-              "libraries, so no agreement is given.",
+              "libraries, so no agreement is given.  One thread by default here: the reference machine (2 "
+              "cores) is shared, and under load two OpenMP threads wait for each other in every small op "
+              "(a 50-unit MLP's forward pass went from 0.1 to 10 ms), which would time the scheduler.",
               ""]
-    t = H.Table("model", "task", "laplace-torch", "KFACLaplace", "speed-up", "EKFACLaplace", "agreement",
-                align=["---", "---", "--:", "--:", "--:", "--:", "--:"])
+    t = H.Table("model", "task", "laplace-torch", "KFACLaplace", "speed-up", "EKFACLaplace", "agreement")
     for r in result["rows"]:
         ts = r["times"]
         ref = ts["laplace-torch"]["min"]
         ours = ts["KFACLaplace"]["min"]
         ek = ts.get("EKFACLaplace", {}).get("min")
-        t.add(f"{r['model']} ({r['n_params']} params, N = {r['N']})", r["task"], H.fmt_time(ref), H.fmt_time(ours),
+        t.add(f"{r['model']} ({r['n_params']} params, N = {r['N']}, {r.get('n_test', 500)} test)", r["task"], H.fmt_time(ref), H.fmt_time(ours),
               H.fmt_ratio(ref / ours), H.fmt_time(ek), "—" if r["agreement"] is None else f"{r['agreement']:.1e}")
     lines.append(str(t))
     fit_ok = all(r["times"]["laplace-torch"]["min"] >= r["times"]["KFACLaplace"]["min"] for r in result["rows"]
@@ -166,25 +163,3 @@ def render(result) -> str:
     lines += ["", f"Target (issue 10): fit and GLM predictive no slower than laplace-torch: "
                   f"**{'met' if fit_ok else 'not met'}** in this run.", ""]
     return "\n".join(lines)
-
-
-def main(argv=None):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    from benchmarks import harness as H
-
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_args(p)
-    p.add_argument("--report", action="store_true", help="re-render docs/benchmarks/laplace.md from the JSON")
-    args = p.parse_args(argv)
-    if args.report:
-        res = H.load_json(os.path.join(H.OUT_DIR, NAME + ".json"))
-        print(H.write_report(NAME, res, render, finish=False))
-        return
-    res = run(args)
-    print(H.write_report(NAME, res, render))
-
-
-if __name__ == "__main__":
-    main()

@@ -528,3 +528,54 @@ def test_from_curvature_without_data_and_missing_num_data():
     with pytest.raises(ValueError, match="needs separate_weight_and_bias=False"):
         EKFACLaplace.from_curvature(model, "classification", compute_kfac(model, loader, "classification",
                                                                           ekfac=True), separate_weight_and_bias=True)
+
+
+def test_ekfac_from_noisy_ekfac_is_the_optimizers_posterior():
+    """NoisyEKFAC's posterior is (lambda/N) / (S + lambda/(N eta)) in its eigenbasis; with
+    temperature = kl_weight and prior precision 1/prior_var, EKFACLaplace.from_optimizer is the
+    same distribution, block by block."""
+    from vmfdist.optim import NoisyEKFAC
+
+    model = _mlp()
+    X, y = _data("classification")
+    opt = NoisyEKFAC(model, 40, "classification", seed=0, T_stats=1, T_inv=1, T_scale=1, kl_weight=0.5,
+                     prior_var=2.0)
+    for _ in range(4):
+        opt.step(X, y)
+    la = EKFACLaplace.from_optimizer(opt, _loader(X, y))
+    assert la.temperature == 0.5 and float(la.prior_precision) == 0.5
+    post = la.posterior()
+    for name in opt.layers:
+        ref = opt.posterior(name)
+        assert _rel(post[name].eigenvalues, ref.eigenvalues) < 1e-12
+        assert torch.equal(post[name].loc, ref.loc)
+        torch.testing.assert_close(post[name].q_out, ref.q_out, rtol=0, atol=0)
+    assert math.isfinite(float(la.log_marginal_likelihood()))
+
+
+def test_kfac_from_noisy_kfac_against_dense_precision():
+    """KFACLaplace.from_optimizer(NoisyKFAC): per layer (N / kl_weight) G (x) A + I / prior_var
+    from the optimizer's own factors (G includes its 1/sigma^2), against dense algebra."""
+    from vmfdist.optim import NoisyKFAC
+
+    model = _mlp(n_out=2)
+    X, y = _data("regression", n_out=2)
+    opt = NoisyKFAC(model, 40, "regression", sigma_noise=0.7, seed=1, T_stats=1, T_inv=1, kl_weight=0.8,
+                    prior_var=0.5)
+    for _ in range(4):
+        opt.step(X, y)
+    la = KFACLaplace.from_optimizer(opt, _loader(X, y))
+    assert float(la.sigma_noise) == 0.7 and la.temperature == 0.8 and float(la.prior_precision) == 2.0
+    P = torch.zeros(la.n_params, la.n_params, dtype=DT)
+    for b in la.blocks:
+        st = opt.state[b.module.weight]
+        idx = _block_index(la, b)
+        P[idx[:, None], idx[None, :]] = 40 / 0.8 * torch.kron(st["G"], st["A"]) + 2.0 * torch.eye(b.numel, dtype=DT)
+    assert abs(float(la.log_det_posterior_precision - torch.linalg.slogdet(P)[1])) < 1e-9 * abs(
+        float(torch.linalg.slogdet(P)[1]))
+    _, J = _dense_ggn(model, X[:5], "regression")
+    assert _rel(la(X[:5])[1], J @ torch.linalg.solve(P, J.transpose(1, 2))) < 1e-9
+    with pytest.raises(ValueError, match="needs a NoisyEKFAC"):
+        EKFACLaplace.from_optimizer(opt)
+    with pytest.raises(TypeError, match="expects a vmfdist.optim"):
+        KFACLaplace.from_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))

@@ -726,11 +726,10 @@ class _KroneckerLaplace:
                 self.prior_precision = self.prior_precision.expand(self.n_layers).clone()
             log_pp = self.prior_precision.log().detach().clone().requires_grad_(True)
             opt = torch.optim.Adam([log_pp], lr=lr)
+            objective = self._prior_objective()
             for _ in range(n_steps):
                 opt.zero_grad()
-                self.prior_precision = log_pp.exp()
-                # the log-likelihood term does not depend on the prior precision
-                neg = 0.5 * (self.log_det_ratio + self.scatter)
+                neg = objective(log_pp.exp())
                 neg.backward()
                 opt.step()
             self.prior_precision = log_pp.detach().exp()
@@ -743,6 +742,40 @@ class _KroneckerLaplace:
             raise ValueError(f"method must be 'marglik' or 'gridsearch', got {method!r}")
         if verbose:
             print(f"Optimized prior precision is {self.prior_precision}.")
+
+    def _prior_objective(self):
+        """``pp -> (log det P - log det P0 + scatter) / 2``, the part of the negative log evidence
+        that depends on the prior precision.  Without the sqrt-damped form, all likelihood
+        eigenvalues are concatenated once, so each evaluation is a few vector operations
+        instead of a loop over the blocks."""
+        h = self._H_factor.detach()
+        if self.damping and not self._ekfac:
+            def general(pp):
+                self.prior_precision = pp
+                return 0.5 * (self.log_det_ratio + self.scatter)
+            return general
+        lam, idx, sq, n = [], [], [], []
+        d = self.mean - self.prior_mean
+        for i, b in enumerate(self._blocks):
+            if self._ekfac:
+                ev = b.scales
+            elif b.kind == "bias":
+                ev = b.eig_out * b.eig_in[0]
+            else:
+                ev = torch.outer(b.eig_out, b.eig_in)
+            lam.append(h * ev.reshape(-1))
+            idx.append(torch.full((ev.numel(),), i, dtype=torch.long, device=ev.device))
+            sq.append(sum(d[self._offsets[id(p)]:self._offsets[id(p)] + p.numel()].square().sum() for p in b.params))
+            n.append(float(b.numel))
+        lam, idx = torch.cat(lam), torch.cat(idx)
+        sq = torch.stack(sq).detach()
+        n = torch.tensor(n, dtype=lam.dtype, device=lam.device)
+
+        def fast(pp):
+            self.prior_precision = pp
+            delta = self.prior_precision.expand(self.n_layers)
+            return 0.5 * (torch.log(lam + delta[idx]).sum() - (n * delta.log()).sum() + (delta * sq).sum())
+        return fast
 
     def _gridsearch(self, grid, val_loader, pred_type, link_approx, n_samples, loss):
         data = [_unpack(b, "val_loader") for b in val_loader]
