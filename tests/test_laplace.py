@@ -579,3 +579,39 @@ def test_kfac_from_noisy_kfac_against_dense_precision():
         EKFACLaplace.from_optimizer(opt)
     with pytest.raises(TypeError, match="expects a vmfdist.optim"):
         KFACLaplace.from_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_enable_backprop_gives_input_gradients_of_the_glm_predictive():
+    model = _mlp(n_out=2)
+    X, y = _data("regression", n_out=2)
+    la = KFACLaplace(model, "regression", prior_precision=0.5, enable_backprop=True)
+    la.fit(_loader(X, y))
+    x = X[:3].clone().requires_grad_(True)
+
+    def f(x):
+        mean, var = la(x)
+        return mean, var
+
+    assert torch.autograd.gradcheck(f, (x,))
+    probs_model = _mlp()
+    Xc, yc = _data("classification")
+    lc = KFACLaplace(probs_model, "classification", enable_backprop=True)
+    lc.fit(_loader(Xc, yc))
+    assert torch.autograd.gradcheck(lambda x: lc(x), (Xc[:3].clone().requires_grad_(True),))
+
+
+def test_fit_without_override_adds_the_data():
+    model = _mlp()
+    X, y = _data("classification")
+    full = KFACLaplace(model, "classification", prior_precision=0.3)
+    full.fit(_loader(X, y))
+    parts = KFACLaplace(model, "classification", prior_precision=0.3)
+    parts.fit(_loader(X[:24], y[:24]))
+    parts.fit(_loader(X[24:], y[24:]), override=False)
+    assert parts.n_data == 40
+    assert abs(float(parts.log_marginal_likelihood() - full.log_marginal_likelihood())) < 1e-12 * abs(
+        float(full.log_marginal_likelihood()))
+    ek = EKFACLaplace(model, "classification")
+    ek.fit(_loader(X, y))
+    with pytest.raises(ValueError, match=r"override=False\) is not supported"):
+        ek.fit(_loader(X, y), override=False)

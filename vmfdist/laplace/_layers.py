@@ -177,7 +177,7 @@ class Capture:
         if len(inputs) != 1:
             raise ValueError(f"layer {type(module).__name__} was called with {len(inputs)} positional inputs; "
                              f"one is supported")
-        self.inputs.setdefault(id(module), []).append(inputs[0].detach())
+        self.inputs.setdefault(id(module), []).append(inputs[0])
         self.outputs.setdefault(id(module), []).append(output)
         return output.clone()
 
