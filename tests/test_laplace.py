@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from vmfdist.laplace import EKFACLaplace, KFACLaplace
+from vmfdist.laplace import EKFACLaplace, KFACLaplace, Laplace
 
 try:  # the peer reference; the dense-algebra tests below run without it
     from laplace import KronLaplace
@@ -151,6 +151,40 @@ def test_marglik_prior_optimisation_matches_laplace_torch(structure):
     ours.optimize_prior_precision(method="marglik", n_steps=30, prior_structure=structure)
     assert ours.prior_precision.shape == ref.prior_precision.shape
     assert _rel(ours.prior_precision, ref.prior_precision) < RTOL
+
+
+@needs_laplace_torch
+@pytest.mark.parametrize("likelihood", ["classification", "regression"])
+def test_gridsearch_matches_laplace_torch(likelihood):
+    """Same grid, same validation loss (a callable: laplace-torch's default torchmetrics metric is
+    not reset between grid values, so its running average mixes them)."""
+    model = _mlp()
+    X, y = _data(likelihood)
+    Xv, yv = _data(likelihood, n=30, seed=9)
+    ref, ours = _pair(model, likelihood, _loader(X, y), **({"sigma_noise": 0.3} if likelihood == "regression" else {}))
+    if likelihood == "classification":
+        def loss(p, t):
+            return -p.log().gather(1, t[:, None]).mean()
+    else:
+        def loss(*args):  # laplace-torch calls loss(mean, var, y), ours loss((mean, var), y)
+            (m, v), t = (args[0], args[1]) if len(args) == 2 else ((args[0], args[1]), args[2])
+            v = v.diagonal(dim1=-2, dim2=-1) + 0.09
+            return (0.5 * (v.log() + (t - m).square() / v)).mean()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref.optimize_prior_precision(method="gridsearch", val_loader=_loader(Xv, yv), grid_size=21, loss=loss)
+    ours.optimize_prior_precision(method="gridsearch", val_loader=_loader(Xv, yv), grid_size=21, loss=loss)
+    assert _rel(ours.prior_precision, ref.prior_precision) < RTOL
+
+
+def test_laplace_factory():
+    model = _mlp()
+    assert type(Laplace(model, "classification", hessian_structure="kron")) is KFACLaplace
+    assert type(Laplace(model, "regression", "all", "ekfac", sigma_noise=0.5)) is EKFACLaplace
+    with pytest.raises(ValueError, match="hessian_structure must be one of"):
+        Laplace(model, "classification", hessian_structure="diag")
+    with pytest.raises(ValueError, match="subset_of_weights='last_layer' is not supported"):
+        Laplace(model, "classification", subset_of_weights="last_layer")
 
 
 def test_gridsearch_picks_the_best_validation_nll():

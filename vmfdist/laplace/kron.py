@@ -46,7 +46,7 @@ from ..curvature import (KFACHooks, check_finite, compute_kfac, eigen_basis, inp
                          output_grads, per_example_second_moments)
 from ._layers import Block, Capture, batched_output_grads, block_inputs, find_blocks
 
-__all__ = ["KFACLaplace", "EKFACLaplace"]
+__all__ = ["KFACLaplace", "EKFACLaplace", "Laplace"]
 
 _LIKELIHOODS = ("classification", "regression")
 _FISHER_TYPES = {"ggn": "ggn", "type-2": "ggn", "type2": "ggn", "mc": "mc", "empirical": "empirical"}
@@ -1033,3 +1033,18 @@ class EKFACLaplace(_KroneckerLaplace):
     over the data."""
 
     _ekfac = True
+
+
+def Laplace(model: torch.nn.Module, likelihood: str, subset_of_weights: str = "all", hessian_structure: str = "kron",
+            **kwargs) -> _KroneckerLaplace:
+    """laplace-torch's factory: ``hessian_structure="kron"`` gives :class:`KFACLaplace`,
+    ``"ekfac"`` :class:`EKFACLaplace`; ``subset_of_weights`` must be ``"all"`` (restrict layers
+    with ``modules=`` instead).  Other structures (``"full"``, ``"diag"``, ``"lowrank"``) are
+    laplace-torch's, not offered here."""
+    if subset_of_weights != "all":
+        raise ValueError(f"subset_of_weights={subset_of_weights!r} is not supported (only 'all'); pass modules=[...] "
+                         f"to cover chosen layers")
+    classes = {"kron": KFACLaplace, "ekfac": EKFACLaplace}
+    if hessian_structure not in classes:
+        raise ValueError(f"hessian_structure must be one of {tuple(classes)}, got {hessian_structure!r}")
+    return classes[hessian_structure](model, likelihood, **kwargs)
