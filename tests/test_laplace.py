@@ -137,6 +137,8 @@ def test_conv_net_matches_laplace_torch(kfac_approx):
     assert abs(float(a - b)) <= RTOL * abs(float(a))
     assert _rel(ours(X[:5]), ref(X[:5])) < RTOL
     assert _rel(ours._glm_predictive_distribution(X[:5])[1], ref._glm_predictive_distribution(X[:5])[1]) < RTOL
+    ours.glm_chunk_elements = 1  # one example at a time: the same numbers
+    assert _rel(ours(X[:5]), ref(X[:5])) < RTOL
 
 
 @needs_laplace_torch

@@ -865,15 +865,30 @@ class _KroneckerLaplace:
             cov = cov + torch.einsum("kboj,lmoj->bkml", J, J * d)
         return cov.reshape(B * K, B * K)
 
+    #: largest number of entries of the per-example rotated Jacobians of a weight-sharing
+    #: layer (outputs x batch x out x in) held at once; larger batches are split
+    glm_chunk_elements = 2 ** 24
+
     def _glm_predictive_distribution(self, X: torch.Tensor, joint: bool = False, diagonal_output: bool = False):
         self._check_fitted()
-        cache = self._glm_terms(X.to(self._device))
+        X = X.to(self._device)
         if joint:
+            cache = self._glm_terms(X)
             return cache[0].reshape(-1), self._glm_covariance(cache)
-        f_var = self._glm_variance(cache)
+        # convolutions keep a (outputs, batch, out, in) Jacobian per layer: bound its size
+        per_example = max([max(self.n_outputs, 1) * b.out_dim * b.in_dim for b in self._blocks
+                           if isinstance(b.module, nn.Conv2d)] or [0])
+        chunk = X.shape[0] if per_example == 0 else max(1, self.glm_chunk_elements // per_example)
+        mus, vars_ = [], []
+        for i in range(0, X.shape[0], chunk):
+            cache = self._glm_terms(X[i:i + chunk])
+            mus.append(cache[0])
+            vars_.append(self._glm_variance(cache))
+        f_mu = mus[0] if len(mus) == 1 else torch.cat(mus)
+        f_var = vars_[0] if len(vars_) == 1 else torch.cat(vars_)
         if diagonal_output:
             f_var = f_var.diagonal(dim1=-2, dim2=-1)
-        return cache[0], f_var
+        return f_mu, f_var
 
     def functional_variance(self, Js: torch.Tensor) -> torch.Tensor:
         """:math:`J P^{-1} J^T` for Jacobians ``Js`` ``(batch, outputs, n_params)`` (as
