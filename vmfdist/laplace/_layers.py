@@ -9,7 +9,7 @@ value, as in laplace-torch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 import torch
@@ -47,24 +47,14 @@ class Block:
     q_in: Optional[torch.Tensor] = None
     eig_in: Optional[torch.Tensor] = None
     scales: Optional[torch.Tensor] = None
-    extra: Dict = field(default_factory=dict)
 
     @property
     def numel(self) -> int:
         return self.out_dim * self.in_dim
 
-    def mean_matrix(self) -> torch.Tensor:
-        """The trained parameters of the block as an ``(out, in)`` matrix."""
-        if self.kind == "weight":
-            return self.params[0].detach().reshape(self.out_dim, -1)
-        if self.kind == "bias":
-            return self.params[0].detach().reshape(self.out_dim, 1)
-        w, b = self.params
-        return torch.cat([w.detach().reshape(self.out_dim, -1), b.detach().reshape(self.out_dim, 1)], dim=1)
-
 
 def check_module(name: str, module: nn.Module, owner: str) -> None:
-    """Supported layers pass (curvature's :func:`~vmfdist.curvature.check_layer` refuses
+    """Supported layers pass (curvature's ``check_layer`` refuses
     grouped, transposed and non-zero-padded convolutions by name); any other module with
     trainable parameters is an error naming it."""
     if isinstance(module, SUPPORTED) or isinstance(module, nn.modules.conv._ConvTransposeNd):

@@ -36,7 +36,7 @@ laplace-torch switches by changing one import.  See ``docs/laplace.md``.
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Union
 
 import torch
 from torch import nn
