@@ -594,3 +594,23 @@ def test_compress_removes_neurons_pruned_on_both_sides():
     assert vnn.count_parameters(small) < vnn.count_parameters(model)
     with pytest.raises(TypeError, match="Sequential"):
         vnn.compress(_Net())
+
+
+@pytest.mark.parametrize("grouping", ["row", "column", "double"])
+def test_rdp_posterior_mean_matches_samples(grouping):
+    """The closed-form E[W] (log-normal radius mean times A_d(kappa) mu) against the average of
+    sampled weights, and the distribution object's shapes and mode."""
+    torch.manual_seed(17)
+    layer = vnn.RDPLinear(4, 3, dtype=DT, grouping=grouping, init_eps=0.3, lognormal_sigma=0.3)
+    _perturb(layer, 0.1)
+    q = layer.weight_posterior()
+    assert isinstance(q, vnn.RDPPosterior) and q.event_shape == (3, 4)
+    with torch.no_grad():
+        w = q.rsample((40000,))
+        assert w.shape == (40000, 3, 4)
+        mean = q.mean
+        torch.testing.assert_close(mean, layer.point_weights("mean")[0])
+        torch.testing.assert_close(q.mode, layer.point_weights("mode")[0])
+    for i in range(3):
+        for j in range(4):
+            _mc_check(w[:, i, j], mean[i, j])
