@@ -85,7 +85,7 @@ def test_real_data_smoke(tmp_path):
     assert math.isfinite(r["test_ll"][0]) and r["rmse"][0] < 20.0  # yacht's targets span 0-63
 
 
-@pytest.mark.parametrize("method", ["noisy-ekfac", "noisy-kfac", "kfac-laplace"])
+@pytest.mark.parametrize("method", ["noisy-ekfac", "noisy-kfac", "kfac-laplace", "bbb", "radial", "rdp"])
 def test_library_methods_run(tmp_path, method):
     """Each method built on the library's optimizers / Laplace trains one split of a toy set and
     gives finite metrics; with a linear target they beat predicting the training mean."""
