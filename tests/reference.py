@@ -253,8 +253,11 @@ def _extra_digits(nu, z) -> int:
     """Decimal digits needed in front of the point for |log I| (and the large terms)."""
     nu, z = float(nu), float(z)
     lz = abs(math.log(z)) if z > 0 else 0.0
-    mag = 1.0 + z + nu * (1.0 + lz + abs(math.log(nu)) if nu > 0 else 1.0)
-    return int(math.log10(mag)) + 2
+    # log10 of 1 + z + nu (1 + |log z| + |log nu|), taken term by term: the sum overflows near DBL_MAX
+    logs = [0.0, math.log10(z) if z > 0 else 0.0]
+    if nu > 0:
+        logs.append(math.log10(nu) + math.log10(1.0 + lz + abs(math.log(nu))))
+    return int(max(logs) + math.log10(3.0)) + 2
 
 
 def _check_args(nu, z, lo):
