@@ -346,6 +346,23 @@ def ratio(nu, z, digits: int = DIGITS, allow_below_half: bool = False):
     return _adaptive(_ratio_fn(nu, z, "R"), digits)
 
 
+def ratio_low(nu, z, digits: int = DIGITS):
+    """R_nu(z) for 0 <= nu < 1/2 as well, including orders so small that nu - 1 is not
+    representable at the working precision of ratio() (there -1 + 5e-324 rounds to -1):
+    nu = 0 from I_0 / I_1 (I_{-1} = I_1); nu < 1e-40 at z >= 1e-3 from R_0, since
+    |d log R / d nu| <= 4 / z^2 there (R = z / (2 nu + z R_{nu+1})), a relative change below
+    1e-33; at smaller z by mpmath's besseli at 420 digits, which hold nu - 1 exactly."""
+    nu, z = _check_args(nu, z, 0.0)
+    if nu >= 1e-40:
+        return ratio(nu, z, digits, allow_below_half=True)
+    if nu == 0.0 or z >= 1e-3:
+        with mp.workdps(digits + _GUARD):
+            return +(mpmath.besseli(0, mpf(z)) / mpmath.besseli(1, mpf(z)))
+    with mp.workdps(420):
+        r = mpmath.besseli(mpf(nu), mpf(z)) / mpmath.besseli(mpf(nu) - 1, mpf(z))
+    return r
+
+
 def ratio_c(nu, z, digits: int = DIGITS):
     """C_nu(z) = 1 - R_nu(z) without cancellation; relative error <= 10^-digits."""
     nu, z = _check_args(nu, z, 0.5)

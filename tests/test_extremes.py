@@ -194,9 +194,12 @@ def test_log_iv_grad_huge(nu, z, device):
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
 @pytest.mark.parametrize("nu,z", [(1e308, 1e308), (DBL_MAX, DBL_MAX), (DBL_MAX, 1e300), (1e300, DBL_MAX),
-                                  (2e307, 1e-45), (1e308, 1e-300), (1.5e308, 1e308), (50.0, DBL_MAX)])
+                                  (2e307, 1e-45), (1e308, 1e-300), (1.5e308, 1e308), (50.0, DBL_MAX),
+                                  (3.196670515523576e147, 2.247116418577895e307), (1e20, 1e53), (1e140, 1e300)])
 def test_log_iv_huge(nu, z, device):
-    """log_bessel_iv(1e308, 1e308) was NaN (true 5.328e307), (2e307, 1e-45) NaN (true -inf)."""
+    """log_bessel_iv(1e308, 1e308) was NaN (true 5.328e307), (2e307, 1e-45) NaN (true -inf);
+    log_bessel_ive(3.2e147, 2.2e307) 5.9 eps off (arsinh(nu/z) lost below the double-double
+    precision; found by the fuzz test)."""
     for fn, reff in ((S.log_bessel_iv, ref.log_iv), (S.log_bessel_ive, ref.log_ive)):
         ours = fn(t(nu, device), t(z, device)).item()
         r = reff(nu, z)
@@ -206,17 +209,22 @@ def test_log_iv_huge(nu, z, device):
             assert ref.log_error(ours, r) <= 4.0, (ours, mpmath.nstr(r, 17))
 
 
-def _bounds_mp(nu, z, theorem):
-    with mp.workdps(60):
-        nm, zm = mpf(nu), mpf(z)
-        if theorem == 5:
-            def b(alpha):
-                lam = nm + (mpf(alpha) - 1) / 2
-                delta = nm - mpf(1) / 2 + lam / (2 * mpmath.sqrt(lam * lam + zm * zm))
-                return zm / (delta + mpmath.sqrt(delta * delta + zm * zm))
-            return b(2), b(0)
-        c = [mpf(1) / 2, mpf(1)]
-        return tuple(zm / (nm - ci + mpmath.sqrt((nm + ci) ** 2 + zm * zm)) for ci in c)
+def _bounds_mp(nu, z, theorem, dps=60):
+    with mp.workdps(dps):
+        return _bounds_mp_at(nu, mpf(z), theorem)
+
+
+def _bounds_mp_at(nu, zm, theorem):
+    """The bounds' formulas at the current mpmath precision, z an mpf."""
+    nm = mpf(nu)
+    if theorem == 5:
+        def b(alpha):
+            lam = nm + (mpf(alpha) - 1) / 2
+            delta = nm - mpf(1) / 2 + lam / (2 * mpmath.sqrt(lam * lam + zm * zm))
+            return zm / (delta + mpmath.sqrt(delta * delta + zm * zm))
+        return b(2), b(0)
+    c = [mpf(1) / 2, mpf(1)]
+    return tuple(zm / (nm - ci + mpmath.sqrt((nm + ci) ** 2 + zm * zm)) for ci in c)
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
@@ -230,6 +238,39 @@ def test_bounds_and_approx_huge(nu, z, theorem, device):
     if theorem == 5:
         ap = S.bessel_iv_ratio_approx(t(nu, device), t(z, device)).item()
         assert ref.ulp_error(ap, (rlo + rhi) / 2) <= 4.0
+
+
+@pytest.mark.parametrize("nu,z", [(0.5, 5e-324), (0.25, 1e-320), (0.0, 5e-324), (0.999, 3e-323), (1e-300, 5e-324)])
+def test_bounds_theorem4_subnormal_z(nu, z):
+    """Theorem 4 below nu = c with z subnormal: z / (4 c nu) alone rounded to 0 (the upper bound
+    was 0, below the lower, at nu = 1/2, z = 5e-324; found by the fuzz test)."""
+    lo, hi = S.bessel_iv_ratio_bounds(t(nu), t(z), theorem=4)
+    rlo, rhi = _bounds_mp(nu, z, 4, dps=1500)  # (nu - c) + sqrt((nu + c)^2 + z^2) cancels to z^2
+    for ours, r in ((lo.item(), rlo), (hi.item(), rhi)):
+        if abs(r) > DBL_MAX:
+            assert ours == math.inf
+        else:
+            assert ref.ulp_error(ours, r) <= 4.0, (ours, mpmath.nstr(r, 17))
+
+
+@pytest.mark.parametrize("theorem", [4, 5])
+def test_bound_derivatives_huge(theorem):
+    """d/dz of the bounds was inf/NaN from nu ~ 1e154 on (theorem 4: (nu + c)^2 overflowed) and 0 at
+    nu = 1e308 (theorem 5): against mpmath.diff of the formulas (800 digits)."""
+    nus, zs = [0.5, 3.0, 1e160, 1e200, 1e308, DBL_MAX], [1e139, 1e200, 1e300, DBL_MAX]
+    bad = []
+    for nu in nus:
+        zt = torch.tensor(zs, dtype=torch.float64).requires_grad_()
+        lo, hi = S.bessel_iv_ratio_bounds(torch.full((len(zs),), nu, dtype=torch.float64), zt, theorem=theorem)
+        (g_lo,) = torch.autograd.grad(lo.sum(), zt, retain_graph=True)
+        (g_hi,) = torch.autograd.grad(hi.sum(), zt)
+        for k, g in ((0, g_lo), (1, g_hi)):
+            for z, ours in zip(zs, g.tolist()):
+                with mp.workdps(800):
+                    exact = mpmath.diff(lambda x: _bounds_mp_at(nu, x, theorem)[k], mpf(z))
+                if not ref.ulp_error(ours, exact) <= 8:
+                    bad.append((k, nu, z, ours, mpmath.nstr(exact, 12)))
+    assert not bad, bad
 
 
 def test_bounds_and_approx_minus_inf_order_is_nan():
@@ -308,28 +349,12 @@ def test_log_iv_second_derivative_small_z(nu, z):
 # the ratio below order 1/2 (issue 12)
 
 
-def _ratio_low_mp(nu, z):
-    """I_nu(z) / I_{nu-1}(z) by mpmath's besseli, at a precision that holds nu - 1 exactly
-    (tests/reference.py works at ~50 digits, where -1 + 5e-324 rounds to -1)."""
-    if nu == 0.0:  # I_0 / I_{-1} = I_0 / I_1 (reference.py's series does not converge at z = 5e-324)
-        with mp.workdps(60):
-            return mpmath.besseli(0, mpf(z)) / mpmath.besseli(1, mpf(z))
-    if nu >= 1e-20:
-        return ref.ratio(nu, z, allow_below_half=True)
-    if nu < 1e-250 and z >= 1e-3:
-        # |d log R / d nu| <= ~4/z^2 here, so R_nu = R_0 to relative 1e-243 (mpmath's besseli of
-        # order -1 + 5e-324 does not converge for large z even at 420 digits)
-        return ref.ratio(0.0, z, allow_below_half=True)
-    with mp.workdps(420):
-        return mpmath.besseli(mpf(nu), mpf(z)) / mpmath.besseli(mpf(nu) - 1, mpf(z))
-
-
 @pytest.mark.parametrize("nu", [0.0, 5e-324, 1e-300, 1e-8, 0.1, 0.25, 0.49, 0.5 - 2.0 ** -54])
 @pytest.mark.parametrize("z", [5e-324, 1e-300, 1e-8, 0.3, 1.0, 7.0, 60.0, 1e4, 1e12, 1e305])
 def test_ratio_below_one_half(nu, z):
     """R_nu = I_nu / I_{nu-1} for 0 <= nu < 1/2 (defined there; NaN before), vs mpmath."""
     ours = S.bessel_iv_ratio(t(nu), t(z)).item()
-    r = _ratio_low_mp(nu, z)
+    r = ref.ratio_low(nu, z)
     if abs(r) > DBL_MAX:
         assert ours == math.inf
     else:
