@@ -454,6 +454,7 @@ def _opcheck_cases(device):
         (v.bessel_iv_ratio.default, (nu, zg, False)),
         (v.bessel_iv_ratio.default, (nu, zg, True)),
         (v.bessel_iv_ratio_grad.default, (nu, zg)),
+        (v.bessel_iv_ratio_grad2.default, (nu, zg)),
         (v.log_bessel_iv.default, (nu, zg, False)),
         (v.log_bessel_iv.default, (nu, zg, True)),
         (v.log_bessel_iv_grad.default, (nu, zg, False)),
@@ -468,7 +469,7 @@ def _opcheck_cases(device):
 
 
 @pytest.mark.parametrize("device", cpu_and_cuda())
-@pytest.mark.parametrize("case", range(13))
+@pytest.mark.parametrize("case", range(14))
 def test_opcheck(device, case):
     op, args = _opcheck_cases(device)[case]
     torch.library.opcheck(op, args)
