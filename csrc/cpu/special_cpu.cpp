@@ -74,6 +74,9 @@ at::Tensor bessel_iv_ratio_cpu(const at::Tensor& nu, const at::Tensor& z, bool c
 at::Tensor bessel_iv_ratio_grad_cpu(const at::Tensor& nu, const at::Tensor& z) {
   return unary_out_cpu(nu, z, "bessel_iv_ratio_grad", IvRatioGradFn{});
 }
+at::Tensor bessel_iv_ratio_grad2_cpu(const at::Tensor& nu, const at::Tensor& z) {
+  return unary_out_cpu(nu, z, "bessel_iv_ratio_grad2", IvRatioGrad2Fn{});
+}
 at::Tensor log_bessel_iv_cpu(const at::Tensor& nu, const at::Tensor& z, bool scaled) {
   return unary_out_cpu(nu, z, "log_bessel_iv", LogIvFn{scaled});
 }
@@ -184,6 +187,7 @@ at::Tensor bessel_iv_ratio_approx_cpu(const at::Tensor& nu_in, const at::Tensor&
 TORCH_LIBRARY_IMPL(vmfdist, CPU, m) {
   m.impl("bessel_iv_ratio", &bessel_iv_ratio_cpu);
   m.impl("bessel_iv_ratio_grad", &bessel_iv_ratio_grad_cpu);
+  m.impl("bessel_iv_ratio_grad2", &bessel_iv_ratio_grad2_cpu);
   m.impl("log_bessel_iv", &log_bessel_iv_cpu);
   m.impl("log_bessel_iv_grad", &log_bessel_iv_grad_cpu);
   m.impl("bessel_iv_ratio_bounds", &bessel_iv_ratio_bounds_cpu);

@@ -62,6 +62,9 @@ at::Tensor bessel_iv_ratio_cuda(const at::Tensor& nu, const at::Tensor& z, bool 
 at::Tensor bessel_iv_ratio_grad_cuda(const at::Tensor& nu, const at::Tensor& z) {
   return unary_out_cuda(nu, z, "bessel_iv_ratio_grad", IvRatioGradFn{});
 }
+at::Tensor bessel_iv_ratio_grad2_cuda(const at::Tensor& nu, const at::Tensor& z) {
+  return unary_out_cuda(nu, z, "bessel_iv_ratio_grad2", IvRatioGrad2Fn{});
+}
 at::Tensor log_bessel_iv_cuda(const at::Tensor& nu, const at::Tensor& z, bool scaled) {
   return unary_out_cuda(nu, z, "log_bessel_iv", LogIvFn{scaled});
 }
@@ -101,6 +104,7 @@ std::tuple<at::Tensor, at::Tensor> bessel_iv_ratio_bounds_cuda(const at::Tensor&
 TORCH_LIBRARY_IMPL(vmfdist, CUDA, m) {
   m.impl("bessel_iv_ratio", &bessel_iv_ratio_cuda);
   m.impl("bessel_iv_ratio_grad", &bessel_iv_ratio_grad_cuda);
+  m.impl("bessel_iv_ratio_grad2", &bessel_iv_ratio_grad2_cuda);
   m.impl("log_bessel_iv", &log_bessel_iv_cuda);
   m.impl("log_bessel_iv_grad", &log_bessel_iv_grad_cuda);
   m.impl("bessel_iv_ratio_bounds", &bessel_iv_ratio_bounds_cuda);

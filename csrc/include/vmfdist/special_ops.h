@@ -18,6 +18,10 @@ struct IvRatioGradFn {
   VMF_HD double operator()(double nu, double z) const { return bessel::iv_ratio_grad(nu, z); }
 };
 
+struct IvRatioGrad2Fn {
+  VMF_HD double operator()(double nu, double z) const { return bessel::iv_ratio_grad2(nu, z); }
+};
+
 struct LogIvFn {
   bool scaled;
   VMF_HD double operator()(double nu, double z) const { return bessel::log_iv(nu, z, scaled); }
