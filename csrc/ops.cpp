@@ -22,6 +22,8 @@ TORCH_LIBRARY(vmfdist, m) {
   m.def("bessel_iv_ratio(Tensor nu, Tensor z, bool complement=False) -> Tensor");
   // dR/dz (the derivative of the ratio itself, whatever `complement` the caller used).
   m.def("bessel_iv_ratio_grad(Tensor nu, Tensor z) -> Tensor");
+  // d^2R/dz^2 (second-order dual numbers through the same fraction).
+  m.def("bessel_iv_ratio_grad2(Tensor nu, Tensor z) -> Tensor");
   // log I_nu(z), or log I_nu(z) - z when scaled is true.
   m.def("log_bessel_iv(Tensor nu, Tensor z, bool scaled=False) -> Tensor");
   // d/dz of log_bessel_iv (same `scaled` convention).

@@ -27,4 +27,6 @@ if [ ! -f "$stamp" ] || [ docs/requirements.txt -nt "$stamp" ]; then
   touch "$stamp"
 fi
 "$PY" -c 'import sys, torch; sys.exit(f"a second torch is in {sys.argv[1]}" if torch.__file__.startswith(sys.argv[1]) else 0)' "$site_docs"
-SPHINXBUILD="$DOCS_VENV/bin/sphinx-build" exec bash docs/build.sh "$@"
+# run Sphinx as a module of the docs interpreter: its console script is absent when pip found Sphinx
+# already importable through the .pth (e.g. installed in $VENV too)
+SPHINXBUILD="$PY -m sphinx" exec bash docs/build.sh "$@"

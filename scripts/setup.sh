@@ -16,7 +16,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
-REQS="${VMFDIST_TORCH:-torch==2.14.1} numpy scipy mpmath hypothesis pytest ninja setuptools wheel matplotlib"
+REQS="${VMFDIST_TORCH:-torch==2.14.1} numpy scipy mpmath hypothesis pytest ninja setuptools wheel matplotlib scikit-learn"
 STAMP="$VENV/.vmfdist-setup"
 STATE="$REQS | $(cat pyproject.toml setup.py | cksum)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$STATE" ]; then

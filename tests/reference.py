@@ -253,8 +253,11 @@ def _extra_digits(nu, z) -> int:
     """Decimal digits needed in front of the point for |log I| (and the large terms)."""
     nu, z = float(nu), float(z)
     lz = abs(math.log(z)) if z > 0 else 0.0
-    mag = 1.0 + z + nu * (1.0 + lz + abs(math.log(nu)) if nu > 0 else 1.0)
-    return int(math.log10(mag)) + 2
+    # log10 of 1 + z + nu (1 + |log z| + |log nu|), taken term by term: the sum overflows near DBL_MAX
+    logs = [0.0, math.log10(z) if z > 0 else 0.0]
+    if nu > 0:
+        logs.append(math.log10(nu) + math.log10(1.0 + lz + abs(math.log(nu))))
+    return int(max(logs) + math.log10(3.0)) + 2
 
 
 def _check_args(nu, z, lo):
@@ -341,6 +344,23 @@ def ratio(nu, z, digits: int = DIGITS, allow_below_half: bool = False):
     relative error <= 10^-digits."""
     nu, z = _check_args(nu, z, 0.0 if allow_below_half else 0.5)
     return _adaptive(_ratio_fn(nu, z, "R"), digits)
+
+
+def ratio_low(nu, z, digits: int = DIGITS):
+    """R_nu(z) for 0 <= nu < 1/2 as well, including orders so small that nu - 1 is not
+    representable at the working precision of ratio() (there -1 + 5e-324 rounds to -1):
+    nu = 0 from I_0 / I_1 (I_{-1} = I_1); nu < 1e-40 at z >= 1e-3 from R_0, since
+    |d log R / d nu| <= 4 / z^2 there (R = z / (2 nu + z R_{nu+1})), a relative change below
+    1e-33; at smaller z by mpmath's besseli at 420 digits, which hold nu - 1 exactly."""
+    nu, z = _check_args(nu, z, 0.0)
+    if nu >= 1e-40:
+        return ratio(nu, z, digits, allow_below_half=True)
+    if nu == 0.0 or z >= 1e-3:
+        with mp.workdps(digits + _GUARD):
+            return +(mpmath.besseli(0, mpf(z)) / mpmath.besseli(1, mpf(z)))
+    with mp.workdps(420):
+        r = mpmath.besseli(mpf(nu), mpf(z)) / mpmath.besseli(mpf(nu) - 1, mpf(z))
+    return r
 
 
 def ratio_c(nu, z, digits: int = DIGITS):

@@ -2,6 +2,7 @@
 
 Layers (data flows downward, nothing imports upward):
 
+* :mod:`vmfdist.nn`       -- Bayesian layers, the ELBO, conversion, predictive, RDP pruning
 * :mod:`vmfdist.distributions` -- von Mises-Fisher and friends (torch.distributions API)
 * :mod:`vmfdist.special`  -- Bessel ratios, log-Bessel functions, bounds, approximations
 * :mod:`vmfdist.random`   -- counter-based (Philox4x32-10) uniforms and normals
@@ -11,6 +12,7 @@ Layers (data flows downward, nothing imports upward):
 """
 from . import _ops  # noqa: F401  (loads the extension; registers fake kernels and autograd)
 from . import distributions, linalg, random, special  # noqa: F401
+from . import nn  # noqa: F401,E402  (after distributions: the layers are built on them)
 
 __version__ = "0.1.0"
-__all__ = ["distributions", "linalg", "random", "special", "__version__"]
+__all__ = ["distributions", "linalg", "nn", "random", "special", "__version__"]

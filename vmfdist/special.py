@@ -3,13 +3,16 @@ r"""Modified Bessel functions of the first kind for PyTorch.
 All functions are elementwise and broadcast ``nu`` against ``z``; they accept
 tensors or Python numbers, run on CPU and CUDA, and support float32 and float64
 (half and bfloat16 too; float32 and lower are computed in float64 internally and
-rounded once).  Out-of-domain arguments (``nu`` or ``z`` negative, NaN) give NaN,
-as in :mod:`torch.special`.  Conventions at the boundary:
+rounded once).  Every function accepts the whole float range of both arguments (up to
+``DBL_MAX``; the supported range of each is in its docstring and ``docs/special.md``):
+out-of-domain arguments (``nu`` or ``z`` negative, NaN) give NaN, as in
+:mod:`torch.special`, and values whose exact result overflows give +-inf.
+Conventions at the boundary:
 
 =========================  ==========================  ===========================
 function                   ``z = 0``                   ``z = inf``
 =========================  ==========================  ===========================
-``bessel_iv_ratio``        0                           1
+``bessel_iv_ratio``        0 (+inf if ``nu = 0``)      1
 ``bessel_iv_ratio_c``      1                           0
 ``log_bessel_iv``          0 if ``nu = 0`` else -inf   +inf
 ``log_bessel_ive``         0 if ``nu = 0`` else -inf   -inf
@@ -17,7 +20,8 @@ function                   ``z = 0``                   ``z = inf``
 
 ``nu = inf`` gives ratio 0 (complement 1) and log -inf for finite ``z``;
 ``nu = z = inf`` gives NaN.  Gradients are available with respect to ``z``
-(to any order); ``nu`` is not differentiable and asking for its gradient raises.
+(to any order; :func:`log_bessel_iv_series` alone is not differentiable and its
+backward raises); ``nu`` is not differentiable and asking for its gradient raises.
 """
 from __future__ import annotations
 
@@ -61,9 +65,13 @@ def _as_tensors(name: str, nu: TensorLike, z: TensorLike) -> Tuple[torch.Tensor,
 
 
 def bessel_iv_ratio(nu: TensorLike, z: TensorLike) -> torch.Tensor:
-    r"""The ratio :math:`R_\nu(z) = I_\nu(z) / I_{\nu-1}(z)` for :math:`\nu \ge 1/2`, :math:`z \ge 0`.
+    r"""The ratio :math:`R_\nu(z) = I_\nu(z) / I_{\nu-1}(z)` for :math:`\nu \ge 0`, :math:`z \ge 0`.
 
-    Exact to a few ulp in float64 (Perron's continued fraction; see ``docs/special.md``).
+    Exact to a few ulp in float64 over the whole float range (Perron's continued fraction;
+    the leading uniform asymptotic form beyond :math:`2^{1000}`; for :math:`0 \le \nu < 1/2`,
+    where the ratio exceeds 1 for large :math:`z`, the recurrence
+    :math:`1/R_\nu = 2\nu/z + R_{\nu+1}`, within 8 ulp).  :math:`R_0(0) = +\infty`.
+    See ``docs/special.md``.
     For :math:`1 - R_\nu(z)` where :math:`R \to 1` use :func:`bessel_iv_ratio_c`.
     The mean resultant length of a von Mises--Fisher distribution on
     :math:`S^{d-1}` is ``bessel_iv_ratio(d / 2, kappa)``.
@@ -73,20 +81,22 @@ def bessel_iv_ratio(nu: TensorLike, z: TensorLike) -> torch.Tensor:
 
 
 def bessel_iv_ratio_c(nu: TensorLike, z: TensorLike) -> torch.Tensor:
-    r"""The complement :math:`1 - I_\nu(z)/I_{\nu-1}(z)`, computed without cancellation."""
+    r"""The complement :math:`1 - I_\nu(z)/I_{\nu-1}(z)` for :math:`\nu \ge 1/2`, :math:`z \ge 0`
+    (NaN below :math:`\nu = 1/2`), computed without cancellation over the whole float range."""
     nu, z = _as_tensors("bessel_iv_ratio_c", nu, z)
     return lib.bessel_iv_ratio(nu, z, True)
 
 
 def log_bessel_iv(nu: TensorLike, z: TensorLike) -> torch.Tensor:
-    r""":math:`\log I_\nu(z)` for :math:`\nu \ge 0`, :math:`z \ge 0`; finite wherever :math:`z > 0`,
-    even where :math:`I_\nu(z)` under- or overflows."""
+    r""":math:`\log I_\nu(z)` for :math:`\nu \ge 0`, :math:`z \ge 0` up to ``DBL_MAX``; finite wherever
+    :math:`z > 0`, even where :math:`I_\nu(z)` under- or overflows, except that it is :math:`\pm\infty`
+    where :math:`\log I_\nu(z)` itself overflows (e.g. :math:`\nu = 2\cdot10^{307}`, :math:`z = 10^{-45}`)."""
     nu, z = _as_tensors("log_bessel_iv", nu, z)
     return lib.log_bessel_iv(nu, z, False)
 
 
 def log_bessel_ive(nu: TensorLike, z: TensorLike) -> torch.Tensor:
-    r"""The exponentially scaled :math:`\log I_\nu(z) - z`."""
+    r"""The exponentially scaled :math:`\log I_\nu(z) - z`; the same range as :func:`log_bessel_iv`."""
     nu, z = _as_tensors("log_bessel_ive", nu, z)
     return lib.log_bessel_iv(nu, z, True)
 
@@ -98,7 +108,8 @@ def bessel_iv_ratio_bounds(nu: TensorLike, z: TensorLike, theorem: int = 5) -> T
     :math:`B_\alpha = z / (\delta_\alpha + \sqrt{\delta_\alpha^2 + z^2})`,
     :math:`\delta_\alpha = \nu - 1/2 + \lambda / (2\sqrt{\lambda^2 + z^2})`, :math:`\lambda = \nu + (\alpha-1)/2`.
     ``theorem=4``: :math:`z/(\nu - 1/2 + \sqrt{(\nu+1/2)^2+z^2}) < R_\nu(z) < z/(\nu - 1 + \sqrt{(\nu+1)^2+z^2})`
-    for :math:`\nu \ge 0`.  NaN outside the theorem's range of :math:`\nu`.
+    for :math:`\nu \ge 0`.  NaN outside the theorem's range of :math:`\nu` (also at :math:`\nu = -\infty`);
+    any :math:`z \ge 0` up to ``DBL_MAX``.
 
     Theorem 5's lower bound is never looser than theorem 4's, but neither upper bound
     dominates: :math:`B_0` is the looser one for :math:`z` below about :math:`\nu`
@@ -113,7 +124,8 @@ def bessel_iv_ratio_bounds(nu: TensorLike, z: TensorLike, theorem: int = 5) -> T
 
 def bessel_iv_ratio_approx(nu: TensorLike, z: TensorLike) -> torch.Tensor:
     r"""The papers' approximation :math:`R_\nu(z) \approx (B_2 + B_0)/2` (eq. 33 of the
-    radial--directional supplement).  About 7% off at :math:`\nu = 1` (d = 2); see docs."""
+    radial--directional supplement), for :math:`\nu \ge 1/2`, :math:`z \ge 0` up to ``DBL_MAX``.
+    About 7% off at :math:`\nu = 1` (d = 2); see docs."""
     nu, z = _as_tensors("bessel_iv_ratio_approx", nu, z)
     return lib.bessel_iv_ratio_approx(nu, z)
 
@@ -121,7 +133,9 @@ def bessel_iv_ratio_approx(nu: TensorLike, z: TensorLike) -> torch.Tensor:
 def log_bessel_iv_asymptotic(nu: TensorLike, z: TensorLike) -> torch.Tensor:
     r"""The papers' two-branch approximation (eq. 44):
     :math:`\nu\log z + \eta z - (\eta+\nu)\log 2 - \log\Gamma(\nu+1)` for :math:`z < \nu`
-    (:math:`\eta = (\nu + 1/2)/(2(\nu+1))`) and :math:`z - \tfrac12\log z - \tfrac12\log 2\pi` otherwise."""
+    (:math:`\eta = (\nu + 1/2)/(2(\nu+1))`) and :math:`z - \tfrac12\log z - \tfrac12\log 2\pi` otherwise.
+    Any :math:`\nu, z \ge 0` (beyond :math:`\nu = 2^{1000}` through Stirling's series, since
+    :math:`\log\Gamma` overflows); :math:`+\infty` at :math:`z = \infty`, :math:`-\infty` at :math:`\nu = \infty`."""
     nu, z = _as_tensors("log_bessel_iv_asymptotic", nu, z)
     return lib.log_bessel_iv_asymptotic(nu, z)
 
@@ -130,6 +144,8 @@ def log_bessel_iv_series(nu: TensorLike, z: TensorLike) -> torch.Tensor:
     r"""The papers' log-ratio series (eq. 45):
     :math:`\log I_{\nu - \lfloor\nu\rfloor}(z) + \sum_{n=0}^{\lfloor\nu\rfloor-1} \log R_{\nu-n}(z)`
     with every ratio replaced by :func:`bessel_iv_ratio_approx`, in one fused kernel.
-    The cost grows linearly with :math:`\nu`."""
+    The cost grows linearly with :math:`\nu`, so orders above :math:`2^{20}` (1048576) give NaN
+    (a million terms take milliseconds per element).  Any :math:`z \ge 0`.  Not differentiable:
+    its backward raises a clear error (use :func:`log_bessel_iv`, which is exact)."""
     nu, z = _as_tensors("log_bessel_iv_series", nu, z)
     return lib.log_bessel_iv_series(nu, z)

@@ -67,14 +67,33 @@ void finish_row(const scalar_t* mu, double kappa, const vmf::Wood& p, int64_t d,
   double ee = 0.0, me = 0.0, mm = 0.0;
   row_sums<scalar_t>(x + 1, mu + 1, nt, &ee, &me, &mm);
   mm += static_cast<double>(mu[0]) * static_cast<double>(mu[0]);
+  double mu_scale = 1.0;  // loc is used as mu_i mu_scale (vmf.h: loc_needs_scaling)
+  if (vmf::loc_needs_scaling(mm)) {
+    double mx = 0.0;
+    for (int64_t i = 0; i < d; ++i) mx = std::max(mx, std::fabs(static_cast<double>(mu[i])));
+    mu_scale = vmf::loc_scale(mx);
+    me = 0.0;
+    mm = 0.0;
+    for (int64_t i = 0; i < d; ++i) {
+      const double mi = static_cast<double>(mu[i]) * mu_scale;
+      mm += mi * mi;
+      if (i > 0) me += mi * static_cast<double>(x[i]);
+    }
+  }
   const double inv_mu = 1.0 / std::sqrt(mm);
   const double scale = std::sqrt(m.omw * m.opw) / std::sqrt(ee);  // y_i = scale e_i
-  const vmf::Reflection r = vmf::reflection(static_cast<double>(mu[0]) * inv_mu);
+  const vmf::Reflection r = vmf::reflection(static_cast<double>(mu[0]) * mu_scale * inv_mu);
   const double sigma = m.w * r.den - r.sgn * scale * me * inv_mu;
   const double c = sigma / r.den * inv_mu;  // sigma / den, times the normalisation of mu_i
   x[0] = static_cast<scalar_t>(r.sgn * (m.w - sigma));
   const double sy = r.sgn * scale;
-  row_rotate<scalar_t>(x + 1, mu + 1, nt, sy, c);
+  if (mu_scale == 1.0) {
+    row_rotate<scalar_t>(x + 1, mu + 1, nt, sy, c);
+  } else {
+    for (int64_t i = 1; i < d; ++i) {
+      x[i] = static_cast<scalar_t>(sy * static_cast<double>(x[i]) + (static_cast<double>(mu[i]) * mu_scale) * c);
+    }
+  }
   *omw_out = static_cast<scalar_t>(m.omw);
 }
 

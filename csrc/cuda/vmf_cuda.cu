@@ -66,6 +66,32 @@ __global__ void vmf_sample_kernel(const scalar_t* __restrict__ loc, const scalar
     ee = warp_sum(ee);
     me = warp_sum(me);
     mm = warp_sum(mm);
+    double mu_scale = 1.0;  // loc is used as mu_i mu_scale (vmf.h: loc_needs_scaling)
+    if (vmf::loc_needs_scaling(mm)) {  // the same on every lane of the warp
+      double mx = 0.0;
+      for (int64_t i = lane; i < d; i += kWarp) mx = ::fmax(mx, ::fabs(static_cast<double>(mu[i])));
+      for (int o = kWarp / 2; o > 0; o >>= 1) mx = ::fmax(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      mu_scale = vmf::loc_scale(mx);
+      // the same entries per lane as above (each lane reads only the normals it wrote)
+      me = 0.0;
+      mm = 0.0;
+      for (int64_t j = lane; j < nblk; j += kWarp) {
+        for (int k = 0; k < 4; ++k) {
+          const int64_t idx = 4 * j + k;
+          if (idx < nt) {
+            const double mi = static_cast<double>(mu[1 + idx]) * mu_scale;
+            me += mi * static_cast<double>(xr[1 + idx]);
+            mm += mi * mi;
+          }
+        }
+      }
+      if (lane == 0) {
+        const double m0 = static_cast<double>(mu[0]) * mu_scale;
+        mm += m0 * m0;
+      }
+      me = warp_sum(me);
+      mm = warp_sum(mm);
+    }
     double w = 0.0, omw = 0.0, opw = 0.0;
     if (lane == 0) {
       const vmf::Marginal m =
@@ -80,7 +106,7 @@ __global__ void vmf_sample_kernel(const scalar_t* __restrict__ loc, const scalar
     opw = __shfl_sync(0xffffffffu, opw, 0);
     const double inv_mu = 1.0 / ::sqrt(mm);
     const double scale = ::sqrt(omw * opw) / ::sqrt(ee);
-    const vmf::Reflection r = vmf::reflection(static_cast<double>(mu[0]) * inv_mu);
+    const vmf::Reflection r = vmf::reflection(static_cast<double>(mu[0]) * mu_scale * inv_mu);
     const double sigma = w * r.den - r.sgn * scale * me * inv_mu;
     const double c = sigma / r.den * inv_mu;
     const double sy = r.sgn * scale;
@@ -89,7 +115,7 @@ __global__ void vmf_sample_kernel(const scalar_t* __restrict__ loc, const scalar
         const int64_t idx = 4 * j + k;
         if (idx < nt) {
           xr[1 + idx] = static_cast<scalar_t>(sy * static_cast<double>(xr[1 + idx]) +
-                                              static_cast<double>(mu[1 + idx]) * c);
+                                              (static_cast<double>(mu[1 + idx]) * mu_scale) * c);
         }
       }
     }

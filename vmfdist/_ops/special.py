@@ -20,6 +20,11 @@ def _(nu, z):
     return _binary_result(nu, z, "bessel_iv_ratio_grad")
 
 
+@torch.library.register_fake("vmfdist::bessel_iv_ratio_grad2")
+def _(nu, z):
+    return _binary_result(nu, z, "bessel_iv_ratio_grad2")
+
+
 @torch.library.register_fake("vmfdist::log_bessel_iv")
 def _(nu, z, scaled=False):
     return _binary_result(nu, z, "log_bessel_iv")
@@ -61,13 +66,25 @@ def _ratio_backward(ctx, grad):
 
 
 def _ratio_grad_backward(ctx, grad):
-    # R'' = d/dz (1 - R^2 - (2nu - 1) R / z) = -2 R R' - (2nu - 1) (R' / z - R / z^2)
+    # R'' from its own kernel (second-order dual numbers through Perron's fraction).  The
+    # Riccati form -2 R R' - (2nu - 1)(R'/z - R/z^2) used before cancelled completely for
+    # z << nu (the sign was wrong at nu = 125, z = 1e-5) and, by a factor z/nu, for z >> nu.
     _no_nu_grad(ctx, "bessel_iv_ratio_grad")
+    nu, z = ctx.saved_tensors
+    return None, _sum_to(grad * lib.bessel_iv_ratio_grad2(nu, z), z)
+
+
+def _ratio_grad2_backward(ctx, grad):
+    # The third derivative by differentiating R'' = -2 R R' - (2nu - 1)(R'/z - R/z^2) once more:
+    # d3 = -2 (R'^2 + R R'' + (nu - 1/2)(R''/z - 2 (R'/z - R/z^2)/z)); third and higher
+    # derivatives carry the Riccati form's cancellation (docs/special.md).
+    _no_nu_grad(ctx, "bessel_iv_ratio_grad2")
     nu, z = ctx.saved_tensors
     r = lib.bessel_iv_ratio(nu, z, False)
     dr = lib.bessel_iv_ratio_grad(nu, z)
-    d2 = -2.0 * r * dr - (2.0 * nu - 1.0) * (dr / z - r / (z * z))
-    return None, _sum_to(grad * d2, z)
+    d2 = lib.bessel_iv_ratio_grad2(nu, z)
+    d3 = -2.0 * (dr * dr + r * d2 + (nu - 0.5) * (d2 / z - 2.0 * (dr / z - r / z / z) / z))
+    return None, _sum_to(grad * d3, z)
 
 
 def _log_iv_backward(ctx, grad):
@@ -80,12 +97,13 @@ def _log_iv_grad_backward(ctx, grad):
     # d^2/dz^2 log I_nu(z) = R'_{nu+1}(z) - nu / z^2 (the same for the scaled form)
     _no_nu_grad(ctx, "log_bessel_iv_grad")
     nu, z = ctx.saved_tensors
-    d2 = lib.bessel_iv_ratio_grad(nu + 1.0, z) - nu / (z * z)
+    d2 = lib.bessel_iv_ratio_grad(nu + 1.0, z) - nu / z / z  # (z * z underflowed: 0/0 at nu = 0, z = 1e-200)
     return None, _sum_to(grad * d2, z), None
 
 
 torch.library.register_autograd("vmfdist::bessel_iv_ratio", _ratio_backward, setup_context=_save_nu_z)
 torch.library.register_autograd("vmfdist::bessel_iv_ratio_grad", _ratio_grad_backward, setup_context=_save_nu_z)
+torch.library.register_autograd("vmfdist::bessel_iv_ratio_grad2", _ratio_grad2_backward, setup_context=_save_nu_z)
 torch.library.register_autograd("vmfdist::log_bessel_iv", _log_iv_backward, setup_context=_save_nu_z)
 torch.library.register_autograd("vmfdist::log_bessel_iv_grad", _log_iv_grad_backward, setup_context=_save_nu_z)
 
@@ -93,23 +111,34 @@ torch.library.register_autograd("vmfdist::log_bessel_iv_grad", _log_iv_grad_back
 # ----------------------------------------------------------------------------
 # The papers' bounds and approximations are closed forms; their z-derivatives are
 # written with differentiable torch ops, so higher derivatives follow by autograd.
+def _huge_scale(nu, z):
+    """1, or 1/4 where nu or z exceeds 2^1000 (the bounds' quarter scale, as in bessel.h)."""
+    huge = (nu > 2.0 ** 1000) | (z > 2.0 ** 1000)
+    return torch.where(huge, torch.full_like(z, 0.25), torch.ones_like(z))
+
+
 def _segura_b_dz(nu, z, alpha):
     """d/dz of B_alpha(nu, z) = z / (delta + s) (theorem 5), s = sqrt(delta^2 + z^2).
 
     Differentiating directly gives ((delta + s) - z (delta' + (delta delta' + z)/s)) / (delta + s)^2,
     whose numerator cancels for z >> nu (100% error by z = 1e8).  It simplifies to
     (delta + s)(delta - z delta')/s, so dB/dz = (delta - z delta') / (s (delta + s)) with
-    -z delta' = (lambda / (2h)) (z/h)^2, h = hypot(lambda, z): every term >= 0 for nu >= 1/2."""
+    -z delta' = (lambda / (2h)) (z/h)^2, h = hypot(lambda, z): every term >= 0 for nu >= 1/2.
+    B is homogeneous of degree 0 in (delta, z), so beyond 2^1000 (where the hypots and
+    delta + s overflow: the derivative was NaN or 0 at nu = 1e308) everything of the size of
+    nu or z is taken at a quarter scale k and the result multiplied by k (k = 1: unchanged)."""
+    k = _huge_scale(nu, z)
     lam = nu + 0.5 * (alpha - 1.0)
-    h = torch.hypot(lam, z)
+    zk = z * k
+    h = torch.hypot(lam * k, zk)  # h k
     pos = h > 0
     safe_h = torch.where(pos, h, torch.ones_like(h))
-    half = torch.where(pos, lam / (2.0 * safe_h), torch.zeros_like(h))  # lambda / (2h)
-    delta = (nu - 0.5) + half
-    r = z / safe_h
-    num = delta + half * r * r  # delta - z delta'
-    s = torch.hypot(delta, z)
-    return num / s / (delta + s)
+    half = torch.where(pos, (lam * k) / (2.0 * safe_h), torch.zeros_like(h))  # lambda / (2h)
+    delta = ((nu - 0.5) + half) * k
+    r = zk / safe_h
+    num = delta + (half * k) * r * r  # (delta - z delta') k
+    s = torch.hypot(delta, zk)
+    return num / s / (delta + s) * k
 
 
 def _thm4_dz(nu, z, c):
@@ -119,14 +148,18 @@ def _thm4_dz(nu, z, c):
     bessel.h, B = N / (q + z) with N = h + c - nu, q = 4 c nu / z, so
     dB/dz = (z/h - B + (B/z) q) / (q + z), and N / (4 c nu) where q overflows (z -> 0).  That
     form cancels for large z (B -> 1), where the first is fine again: it is used for z < 1 only.
-    Each branch sees harmless inputs where it is not selected (so double backward has no NaN)."""
+    Each branch sees harmless inputs where it is not selected (so double backward has no NaN).
+    B is homogeneous of degree 0 in (nu, c, z): beyond 2^1000 the first form is evaluated at a
+    quarter scale k and multiplied by k ((nu + c)^2 overflowed from nu ~ 1e154 on: inf or NaN)."""
     small = (nu < c) & (z < 1.0)
     one = torch.ones_like(z)
     # nu >= c
     nu_d = torch.where(small, torch.full_like(nu, c), nu)
-    h_d = torch.hypot(nu_d + c, z)
-    d = (nu_d - c) + h_d
-    direct = ((nu_d - c) + (nu_d + c) ** 2 / h_d) / d / d
+    k = _huge_scale(nu_d, z)
+    nk, ck, zk = nu_d * k, c * k, z * k
+    h_d = torch.hypot(nk + ck, zk)
+    d = (nk - ck) + h_d
+    direct = ((nk - ck) + (nk + ck) * ((nk + ck) / h_d)) / d / d * k
     # nu < c
     nu_s = torch.where(small, nu, torch.zeros_like(nu))
     z_s = torch.where(small, z, one)
@@ -183,3 +216,15 @@ def _asymptotic_backward(ctx, grad):
 torch.library.register_autograd("vmfdist::bessel_iv_ratio_bounds", _bounds_backward, setup_context=_bounds_setup)
 torch.library.register_autograd("vmfdist::bessel_iv_ratio_approx", _approx_backward, setup_context=_save_nu_z)
 torch.library.register_autograd("vmfdist::log_bessel_iv_asymptotic", _asymptotic_backward, setup_context=_save_nu_z)
+
+
+def _series_backward(ctx, grad):
+    # Without a registration autograd returned no gradient at all (z.grad None, a warning, and
+    # "The differentiated Tensor ... appears to not have been used in the graph").
+    raise RuntimeError(
+        "log_bessel_iv_series is not differentiable (its O(nu) sum of approximate log-ratios has no "
+        "derivative implemented); differentiate log_bessel_iv (exact) or log_bessel_iv_asymptotic instead, "
+        "or call log_bessel_iv_series on z.detach()")
+
+
+torch.library.register_autograd("vmfdist::log_bessel_iv_series", _series_backward, setup_context=_save_nu_z)

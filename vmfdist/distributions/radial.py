@@ -124,8 +124,8 @@ class Radial(Distribution):
 
     @constraints.dependent_property(is_discrete=False)
     def support(self):
-        """Real tensors of the event shape: ``independent(real, event_dims)`` on an instance;
-        on the class a dependent constraint (its event dimension depends on ``event_dims``)."""
+        """The support, ``independent(real, event_dims)`` on an instance (real tensors of the event
+        shape); on the class a dependent constraint, since its event dimension depends on ``event_dims``."""
         return constraints.independent(constraints.real, self._event_dims)
 
     @property

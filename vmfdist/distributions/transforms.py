@@ -1,4 +1,4 @@
-r"""Transforms onto the unit sphere, registered for the :data:`~vmfdist.distributions.sphere`
+r"""Transforms onto the unit sphere, registered for the :data:`~vmfdist.distributions.von_mises_fisher.sphere`
 constraint so that ``torch.distributions.biject_to(sphere)`` and ``transform_to(sphere)``
 work (constrained parameters, Pyro-style guides and HMC over a vMF's support).
 
@@ -8,7 +8,7 @@ work (constrained parameters, Pyro-style guides and HMC over a vMF's support).
 * ``biject_to(sphere)`` is :class:`StereographicTransform`, the inverse stereographic
   projection from :math:`\mathbb{R}^{d-1}` onto the sphere without the point :math:`-e_1`
   (a set of measure zero), with the log-Jacobian taken against the *surface measure* of the
-  sphere, the measure of :class:`~vmfdist.distributions.VonMisesFisher`'s density.  So
+  sphere, the measure of :class:`~vmfdist.distributions.von_mises_fisher.VonMisesFisher`'s density.  So
   ``TransformedDistribution(base, StereographicTransform())`` and ``log p(x) + log|J|`` in
   the unconstrained space are exact densities (the tests integrate them to one).
 

@@ -88,8 +88,15 @@ class _LogNormalizer(torch.autograd.Function):
         safe = torch.where(kappa > 0, kappa, torch.ones_like(kappa))
         val = (nu * torch.log(safe) - 0.5 * d * math.log(2 * math.pi)
                - special.log_bessel_ive(torch.full_like(safe, nu), safe))
-        zero = -log_sphere_area(d, dtype=kappa.dtype, device=kappa.device)
-        val = torch.where(kappa > 0, val, zero.expand_as(kappa))
+        zero = -log_sphere_area(d, dtype=kappa.dtype, device=kappa.device).expand_as(kappa)
+        # Small kappa: log C + kappa = -log S_{d-1} - log sum_k (kappa^2/4)^k / (k! (nu+1)_k) + kappa
+        # = -log S_{d-1} + kappa - kappa^2 / (4 (nu + 1)) + O(kappa^4 / nu^3), the O() below 2^-80
+        # for kappa < 2^-20.  The general form cancels terms of size nu |log kappa| there (KL between
+        # kappa = 5e-324 and kappa = 0 at d = 256 came out 2.1e-11 instead of ~0).
+        small = zero + (kappa - kappa * kappa / (4.0 * (nu + 1.0)))
+        val = torch.where(kappa < 2.0 ** -20, small, val)
+        # kappa < 0 or NaN: NaN (it returned the kappa = 0 value, -1.531 at d = 3, for kappa = -1)
+        val = torch.where(kappa >= 0, val, torch.full_like(val, math.nan))
         return val if scaled else val - kappa
 
     @staticmethod
@@ -109,7 +116,8 @@ class _LogNormalizer(torch.autograd.Function):
 
 def vmf_log_normalizer(concentration: torch.Tensor, d: int, scaled: bool = False) -> torch.Tensor:
     r""":math:`\log C_d(\kappa)` (or :math:`\log C_d(\kappa) + \kappa` with ``scaled=True``),
-    finite for every :math:`\kappa \ge 0` (the limit :math:`-\log S_{d-1}` at 0), with the
+    finite for every :math:`\kappa \ge 0` (the limit :math:`-\log S_{d-1}` at 0; NaN for
+    :math:`\kappa < 0` or NaN), with the
     exact derivative :math:`-A_d(\kappa)` (scaled: :math:`1 - A_d(\kappa)`), differentiable
     to any order."""
     kappa = torch.as_tensor(concentration)

@@ -82,9 +82,44 @@ template <> VMF_INLINE double tolerance<double>() { return 0x1p-55; }
 template <> VMF_INLINE double tolerance<DD>() { return 0x1p-106; }
 template <> VMF_INLINE double tolerance<Dual<double>>() { return 0x1p-55; }
 template <> VMF_INLINE double tolerance<Dual<DD>>() { return 0x1p-106; }
+template <> VMF_INLINE double tolerance<Dual<Dual<double>>>() { return 0x1p-55; }
+template <> VMF_INLINE double tolerance<Dual<Dual<DD>>>() { return 0x1p-106; }
 
 constexpr int kMaxFractionTerms = 20000;
-constexpr double kHugeZ = 0x1p1000;  // above this the ratio functions use their leading asymptotics
+// Where nu or z exceeds kHugeArg the fraction's b_1 = 2(nu + z) + 1 overflows (and its
+// scaling 2^-e would leave the normal range); there the ratio functions use the leading
+// uniform asymptotic form below, whose relative error O(1/max(nu, z)) <= 2^-1000 is far
+// below rounding.
+constexpr double kHugeArg = 0x1p1000;
+
+// ---------------------------------------------------------------------------
+// Leading uniform asymptotics, for max(mu, z) > kHugeArg (z > 0 finite, mu >= 0):
+//   R_mu(z) = z / (s + h),  s = mu - 1/2,  h = sqrt(s^2 + z^2)
+// (both of Ruiz-Antolin & Segura's theorem-5 bounds tend to it; corrections are relative
+// O(1/max(mu, z)) and, for C = 1 - R when z >> mu, O(1/z) relative to C's own size
+// (mu - 1/2)/z as long as mu - 1/2 >= 2^-53, i.e. always for double mu > 1/2), with
+//   C = 1 - R = (s + s^2/(h + z)) / (s + h)   (h - z = s^2/(h + z): nothing cancels),
+//   dR/dz = s / (h (s + h)).
+// Everything at a quarter scale (exact), so that h and s + h cannot overflow near DBL_MAX.
+struct HugeForm {
+  double s, h4, den4;  // s, h/4, (s + h)/4
+};
+VMF_INLINE HugeForm huge_form(double s, double z) {
+  HugeForm f;
+  f.s = s;
+  f.h4 = ::hypot(0.25 * s, 0.25 * z);
+  f.den4 = 0.25 * s + f.h4;
+  return f;
+}
+VMF_INLINE double huge_ratio(double s, double z, bool complement) {
+  const HugeForm f = huge_form(s, z);
+  if (!complement) return (z / f.den4) * 0.25;
+  return (s / f.den4) * 0.25 * (1.0 + (0.25 * s) / (f.h4 + 0.25 * z));
+}
+VMF_INLINE double huge_ratio_grad(double s, double z) {
+  const HugeForm f = huge_form(s, z);
+  return ((s / f.h4) / f.den4) * 0.0625;
+}
 
 // ---------------------------------------------------------------------------
 // Perron's continued fraction for order mu >= 1/2 at 0 < z <= kHugeZ.
@@ -191,6 +226,12 @@ VMF_INLINE Fraction<T> perron(M mu, T z) {
 template <class T>
 VMF_INLINE T perron_shifted(T mu, T z, const Fraction<T>& fr) {
   T p;
+  if (lead(mu) > 0x1p500) {
+    // (2mu+1)(mu+1) below overflows for mu >~ 2^511 (d/dz log_bessel_ive was -inf at
+    // nu = 1e180): the same quotient as a sum of two positive parts.
+    const T c1 = mu * 2.0 + 1.0, den = c1 + z * 2.0;
+    return -((mu + 1.0) * (c1 / den) + z / den) - fr.rest;
+  }
   T c = (mu * 2.0 + 1.0) * (mu + 1.0);
   if (lead(z) <= 1.0) {
     p = (c + z) / ((mu * 2.0 + z * 2.0) + 1.0);
@@ -202,16 +243,15 @@ VMF_INLINE T perron_shifted(T mu, T z, const Fraction<T>& fr) {
 }
 
 // ---------------------------------------------------------------------------
-// R_nu(z) (complement = false) or C_nu(z) = 1 - R_nu(z) (complement = true).
-// Domain nu >= 1/2, z >= 0; NaN outside.
-VMF_INLINE double iv_ratio(double nu, double z, bool complement) {
+// R_nu(z) (complement = false) or C_nu(z) = 1 - R_nu(z) (complement = true) for
+// nu >= 1/2 (NaN below); iv_ratio below extends R to 0 <= nu < 1/2.
+VMF_INLINE double iv_ratio_upper(double nu, double z, bool complement) {
   if (is_nan(nu) || is_nan(z) || nu < 0.5 || z < 0.0) return NAN;
   if (is_inf(nu)) return is_inf(z) ? NAN : (complement ? 1.0 : 0.0);
   if (z == 0.0) return complement ? 1.0 : 0.0;
   if (is_inf(z)) return complement ? 0.0 : 1.0;
   if (nu == 0.5) return complement ? 2.0 / (1.0 + ::exp(2.0 * z)) : ::tanh(z);
-  // Beyond 2^1000 the fraction's 2(nu + z) overflows; there 1 - R = (nu - 1/2)/z to rounding.
-  if (z > kHugeZ) return complement ? (nu - 0.5) / z : 1.0 - (nu - 0.5) / z;
+  if (nu > kHugeArg || z > kHugeArg) return huge_ratio(nu - 0.5, z, complement);
   if (complement && nu < 1.0) {
     Fraction<DD> fr = perron<DD>(nu, DD(z));
     DD f = fr.f();
@@ -222,8 +262,8 @@ VMF_INLINE double iv_ratio(double nu, double z, bool complement) {
   return complement ? f / (z + f) : z / (z + f);
 }
 
-// dR_nu/dz.
-VMF_INLINE double iv_ratio_grad(double nu, double z) {
+// dR_nu/dz for nu >= 1/2.
+VMF_INLINE double iv_ratio_grad_upper(double nu, double z) {
   if (is_nan(nu) || is_nan(z) || nu < 0.5 || z < 0.0) return NAN;
   if (is_inf(nu)) return is_inf(z) ? NAN : 0.0;
   if (z == 0.0) return 0.5 / nu;
@@ -232,7 +272,7 @@ VMF_INLINE double iv_ratio_grad(double nu, double z) {
     double c = ::cosh(z);
     return 1.0 / (c * c);
   }
-  if (z > kHugeZ) return ((nu - 0.5) / z) / z;
+  if (nu > kHugeArg || z > kHugeArg) return huge_ratio_grad(nu - 0.5, z);
   double f, df;
   if (nu < 1.0) {
     Fraction<Dual<DD>> fr = perron<Dual<DD>>(nu, Dual<DD>(DD(z), DD(1.0)));
@@ -248,13 +288,139 @@ VMF_INLINE double iv_ratio_grad(double nu, double z) {
   return ((f - z * df) / zf) / zf;
 }
 
+// d^2R_nu/dz^2 for nu >= 1/2.  From R = z/g with g = z + f (Perron's f):
+//   R'' = -z g''/g^2 - 2 (g - z g') g'/g^3,   g - z g' = f - z f',
+// with f, f', f'' by second-order dual numbers through the fraction.  Both terms have
+// the same sign for small z (R'' ~ -3z/(4 nu^2 (nu+1))), where the Riccati form
+// -2RR' - (2nu-1)(R'/z - R/z^2) cancelled completely (+5.5e-12 instead of -3.8e-12 at
+// nu = 125, z = 1e-5).  g' = 1 + f' itself cancels for z << nu (f' -> -1), so for z <= nu
+// g is formed as 2nu + 2z^2/b_1 + rest (z + the fraction's head, folded; b_1 = 2nu + 2z + 1)
+// and f - z f' as g - z g'; for z > nu, f - z f' comes from f directly (g - z g' would
+// cancel as f -> nu - 1/2).  Double-double for nu < 1 (f - z f' is small there), as for R'.
+template <class S>
+VMF_INLINE double ratio_grad2_fraction(double nu, double z) {
+  using T = Dual<Dual<S>>;
+  const T zd(Dual<S>(S(z), S(1.0)), Dual<S>(S(1.0), S(0.0)));
+  const Fraction<T> fr = perron<T>(nu, zd);
+  T g;
+  S h;  // f - z f'
+  if (z <= nu) {
+    const T b1 = zd * 2.0 + (2.0 * nu + 1.0);
+    g = (T(2.0 * nu) + (zd * zd * 2.0) / b1) + fr.rest;
+    h = g.v.v - g.v.d * z;
+  } else {
+    const T f = fr.f();
+    g = zd + f;
+    h = f.v.v - f.v.d * z;
+  }
+  const S gv = g.v.v, g1 = g.v.d, g2 = g.d.d;
+  // R'' = -(z/g)(g''/g) - 2 (h/g)(g'/g)(1/g)
+  return dd::to_double(-((S(z) / gv) * (g2 / gv)) - (((h / gv) * (g1 / gv)) / gv) * 2.0);
+}
+
+VMF_INLINE double iv_ratio_grad2_upper(double nu, double z) {
+  if (is_nan(nu) || is_nan(z) || nu < 0.5 || z < 0.0) return NAN;
+  if (is_inf(nu)) return is_inf(z) ? NAN : 0.0;
+  if (z == 0.0 || is_inf(z)) return 0.0;
+  if (nu == 0.5) {
+    const double c = ::cosh(z);
+    return -2.0 * ::tanh(z) / (c * c);
+  }
+  if (nu > kHugeArg || z > kHugeArg) {
+    // R = z/(s + h): R'' = -(s/h)(z/h)((s + 2h)/h) / (s + h)^2, at the quarter scale
+    const HugeForm f = huge_form(nu - 0.5, z);
+    const double a = ((0.25 * f.s) / f.h4) * ((0.25 * z) / f.h4) * ((0.25 * f.s + 2.0 * f.h4) / f.h4);
+    return -((a / f.den4) / f.den4) * 0.0625;
+  }
+  if (nu < 1.0) return ratio_grad2_fraction<DD>(nu, z);
+  return ratio_grad2_fraction<double>(nu, z);
+}
+
+// 0 <= nu < 1/2: there I_{nu-1} > 0 for z > 0, so the ratio is defined (it exceeds 1 for
+// large z and tends to 1 from above).  From the recurrence 1/R_nu = 2nu/z + R_{nu+1} (all
+// terms >= 0; nu + 1 in [1, 3/2), where Perron's fraction applies), with q = 2nu/z:
+//   R = 1/(q + R_{nu+1})   (R = z/(2nu) to relative 2^-1000 where q is beyond 2^1000),
+//   R' = (q R)(R/z) - R'_{nu+1} R^2   (q R <= 1 and R/z = 1/(2nu + z R_{nu+1}): no spurious
+//        overflow; the two terms cancel only at the maximum of R, a true zero),
+//   R'' = -R1''/R1^2 + 2 R1'^2/R1^3 (nu = 0, R = 1/R1), else for z < 4 with E = 2nu + z R1
+//   (R = z/E): R'' = -(z/E)(E''/E) - 2 ((E - z E')/E)(E'/E)/E,  E' = R1 + z R1',  E'' = 2 R1' + z R1''
+//   (both terms of one sign for small z) and for z >= 4 from R = 1/D (below).
+// Above order 0 and for large z the recurrence forms nu - 1/2 as 2nu - (nu + 1/2): R itself
+// is unaffected (R -> 1), but R' and R'' lose a factor up to (1 + 4nu)/(1 - 2nu) there.
+// z > 0 finite.  R_0(0) = +inf (R_0 = I_0/I_1 ~ 2/z), R_nu(0) = 0 otherwise.
+constexpr double kLowGrad2Switch = 4.0;  // R'' below 1/2: E form for z below, D form above
+
+VMF_INLINE double iv_ratio_low(double nu, double z) {
+  const double q = 2.0 * nu / z;
+  if (!(q < kHugeArg)) return z / (2.0 * nu);
+  return 1.0 / (q + iv_ratio_upper(nu + 1.0, z, false));
+}
+
+VMF_INLINE double iv_ratio_low_grad(double nu, double z) {
+  const double q = 2.0 * nu / z;
+  if (!(q < kHugeArg)) return 0.5 / nu;
+  const double r = 1.0 / (q + iv_ratio_upper(nu + 1.0, z, false));
+  return (q * r) * (r / z) - iv_ratio_grad_upper(nu + 1.0, z) * r * r;
+}
+
+VMF_INLINE double iv_ratio_low_grad2(double nu, double z) {
+  const double r1 = iv_ratio_upper(nu + 1.0, z, false), d1 = iv_ratio_grad_upper(nu + 1.0, z);
+  const double d2 = iv_ratio_grad2_upper(nu + 1.0, z);
+  if (nu == 0.0) return -(d2 / r1) / r1 + 2.0 * ((d1 / r1) * (d1 / r1)) / r1;
+  if (z < kLowGrad2Switch) {
+    const double e = 2.0 * nu + z * r1, e1 = r1 + z * d1, e2 = 2.0 * d1 + z * d2;
+    return -(z / e) * (e2 / e) - 2.0 * (((e - z * e1) / e) * (e1 / e)) / e;
+  }
+  // R = 1/D, D = q + R1: R'' = (2 D'^2/D - D'')/D^2, D' = R1' - q/z, D'' = R1'' + 2q/z^2 (E'' above
+  // cancels for large z, these only by the factor (1 + 4nu)/(1 - 2nu) of forming nu - 1/2)
+  const double q = 2.0 * nu / z;
+  const double dd0 = q + r1, dd1 = d1 - q / z, dd2 = d2 + 2.0 * ((q / z) / z);
+  return ((2.0 * dd1) * (dd1 / dd0) - dd2) / dd0 / dd0;
+}
+
+// R_nu(z) (complement = false) or C_nu(z) = 1 - R_nu(z) (complement = true).
+// Domain nu >= 0 for R (nu >= 1/2 for C), z >= 0; NaN outside.
+VMF_INLINE double iv_ratio(double nu, double z, bool complement) {
+  if (nu >= 0.0 && nu < 0.5 && !complement && z >= 0.0) {
+    if (z == 0.0) return nu == 0.0 ? INFINITY : 0.0;
+    return is_inf(z) ? 1.0 : iv_ratio_low(nu, z);
+  }
+  return iv_ratio_upper(nu, z, complement);
+}
+
+// dR_nu/dz, nu >= 0.
+VMF_INLINE double iv_ratio_grad(double nu, double z) {
+  if (nu >= 0.0 && nu < 0.5 && z >= 0.0) {
+    if (z == 0.0) return nu == 0.0 ? -INFINITY : 0.5 / nu;
+    return is_inf(z) ? 0.0 : iv_ratio_low_grad(nu, z);
+  }
+  return iv_ratio_grad_upper(nu, z);
+}
+
+// d^2R_nu/dz^2, nu >= 0.
+VMF_INLINE double iv_ratio_grad2(double nu, double z) {
+  if (nu >= 0.0 && nu < 0.5 && z >= 0.0) {
+    if (z == 0.0) return nu == 0.0 ? INFINITY : 0.0;
+    return is_inf(z) ? 0.0 : iv_ratio_low_grad2(nu, z);
+  }
+  return iv_ratio_grad2_upper(nu, z);
+}
+
 // d/dz log I_nu(z) (scaled: d/dz log(I_nu(z) e^{-z})).  Domain nu >= 0, z >= 0.
 VMF_INLINE double log_iv_grad(double nu, double z, bool scaled) {
   if (is_nan(nu) || is_nan(z) || nu < 0.0 || z < 0.0) return NAN;
   if (is_inf(nu)) return is_inf(z) ? NAN : INFINITY;
   if (z == 0.0) return nu == 0.0 ? (scaled ? -1.0 : 0.0) : INFINITY;
   if (is_inf(z)) return scaled ? 0.0 : 1.0;
-  if (z > kHugeZ) return scaled ? -0.5 / z : 1.0 + (nu - 0.5) / z;
+  if (nu > kHugeArg || z > kHugeArg) {
+    // R_{nu+1} + nu/z (two positive terms).  Scaled: the leading terms of Olver's expansion
+    // give d/dz log(I e^{-z}) = A/z - 1 - z/(2A^2) + O(1/A^2) (A = hypot(nu, z)), i.e.
+    // nu^2/(z (A + z)) - z/(2A^2), which cancels only at its true zero (nu^2 ~ z), whereas
+    // nu/z - C_{nu+1} would cancel long before.  Quarter scale against overflow.
+    if (!scaled) return huge_ratio(nu + 0.5, z, false) + nu / z;
+    const double a4 = ::hypot(0.25 * nu, 0.25 * z);
+    return (nu / z) * ((0.25 * nu) / (a4 + 0.25 * z)) - (((0.25 * z) / a4) / a4) * 0.125;
+  }
   const double mu = nu + 1.0;
   Fraction<double> fr = perron<double>(mu, z);
   double f = fr.head + fr.rest;
@@ -352,14 +518,34 @@ VMF_INLINE DD log_iv_olver(double nu, double z, bool scaled) {
     zs *= 0x1p-600;
     unscale = 0x1p600;
   }
-  const DD a = dd::sqrt(dd::two_prod(nus, nus) + dd::two_prod(zs, zs)) * unscale;
-  const DD an = a + nu;
-  // L = log(an / z); the quotient only when it is far from overflow (an / z >= 1 always).
-  const DD L = (z > an.hi * 0x1p-1000) ? dd::log(dd::div(an, z)) : dd::log(an) - dd::log(z);
+  // Near DBL_MAX, A and nu + A overflow although log I (as small as ~0.53 nu at nu = z)
+  // does not: there every large term is carried at a quarter scale hs (exact; nu + A <=
+  // (1 + sqrt 2) DBL_MAX) and the sum multiplied back at the end (overflowing to inf only
+  // if log I itself does).
+  const double hs = (nu > 0x1p1020 || z > 0x1p1020) ? 0.25 : 1.0;
+  const DD log_inv_hs = DD(2.0 * dd::kLn2Hi, 2.0 * dd::kLn2Lo);  // log(1/hs) where hs != 1
+  const double nu_h = nu * hs;
+  const DD a = dd::sqrt(dd::two_prod(nus, nus) + dd::two_prod(zs, zs)) * (unscale * hs);  // A hs
+  const DD an = a + nu_h;                                                                 // (nu + A) hs
+  // L = log((nu + A) / z); the quotient only when it is far from overflow (an / z >= hs always).
+  DD L;
+  if (nu < z * 0x1p-20) {
+    // L = arsinh(x), x = nu/z < 2^-20: log((nu + A)/z) = log(1 + x + ...) loses x entirely once
+    // it is below the double-double precision (log_bessel_ive was 5.9 eps off at nu = 3.2e147,
+    // z = 2.2e307, where nu L ~ nu^2/z matters): x (1 - x^2/6 + 3x^4/40 - 5x^6/112) instead,
+    // the first omitted term x^8 35/1152 below 2^-160 relative.
+    const DD x = dd::div(DD(nu), z);
+    const double x2 = x.hi * x.hi;
+    const double c = x2 * (-1.0 / 6.0 + x2 * (3.0 / 40.0 - x2 * (5.0 / 112.0)));
+    L = x + x.hi * c;
+  } else {
+    L = (z > an.hi * 0x1p-1000) ? dd::log(dd::div(an, z)) : dd::log(an) - dd::log(z);
+    if (hs != 1.0) L = L + log_inv_hs;
+  }
   // s = sum_k u_k(p) / nu^k = sum_k y^k P_k(p^2),  y = p / nu,  u_k(p) = p^k P_k(p^2),
   // by Horner in y over the K terms for which max|u_k| / nu^k >= 2^-58 (the rest is
   // below 2^-57 in all: an absolute error of s, and of log I, of at most 2^-57).
-  const double inv = 1.0 / nu, p = nu / a.hi, p2 = p * p, y = p * inv;
+  const double inv = 1.0 / nu, p = nu_h / a.hi, p2 = p * p, y = p * inv;
   int K = 1;
   for (double ik = inv * inv; K < olver::kTerms && olver::kMaxAbsU[K + 1] * ik >= 0x1p-58; ik *= inv) ++K;
   double s = 0.0;
@@ -383,20 +569,26 @@ VMF_INLINE DD log_iv_olver(double nu, double z, bool scaled) {
   const double log1p_s = ::fma(l1 * s, s, s);
   // nu^2 / (A + z) = nu (nu/2) / (A/2 + z/2): A + z itself overflows for z near DBL_MAX
   // (and a quotient by inf would give NaN in the double-double division).
-  const DD lead = scaled ? dd::div(DD(0.5 * nu), a * 0.5 + 0.5 * z) * nu : a;
-  const DD log_a = dd::log(a);
+  // (At half scale: nu/(A + z) = (nu hs/2) / (A hs/2 + z hs/2), times nu hs.)
+  const DD lead = scaled ? dd::div(DD(0.5 * nu_h), a * 0.5 + 0.5 * hs * z) * nu_h : a;
+  DD log_a = dd::log(a);
+  if (hs != 1.0) log_a = log_a + log_inv_hs;
   // Sum lead - nu L - (log a + log 2 pi)/2 + log1p(s).  The two cancellations (lead
   // against nu L near the turning point, then against half_log where log I ~ 0) are
   // taken by error-free two_sums of the leading parts; all the remainders are below
   // 2^-52 times the larger part (or |log1p(s)| < 0.0075), so their plain-double sum
   // adds at most ~2^-60 (absolute) before the single rounding to double.
-  const DD nu_L = dd::two_prod(L.hi, nu);
+  const DD nu_L = dd::two_prod(L.hi, nu_h);
   const DD h = dd::two_sum(log_a.hi, dd::kLog2PiHi);
   const DD big = dd::two_sum(lead.hi, -nu_L.hi);
-  const DD r = dd::two_sum(big.hi, -0.5 * h.hi);
-  const double rest = ((r.lo + big.lo) + (lead.lo - (nu_L.lo + L.lo * nu))) -
-                      0.5 * ((h.lo + log_a.lo) + dd::kLog2PiLo) + log1p_s;
-  return DD(r.hi, rest);
+  // nu L overflows where log I does (e.g. nu = 2e307, z = 1e-45): -inf, not the NaN of the
+  // error terms.
+  if (is_inf(big.hi)) return DD(big.hi);
+  const DD r = dd::two_sum(big.hi, -0.5 * hs * h.hi);
+  const double rest = ((r.lo + big.lo) + (lead.lo - (nu_L.lo + L.lo * nu_h))) -
+                      0.5 * hs * ((h.lo + log_a.lo) + dd::kLog2PiLo) + hs * log1p_s;
+  if (hs == 1.0) return DD(r.hi, rest);
+  return DD(r.hi * 4.0, rest * 4.0);
 }
 
 // Olver's expansion is used for nu >= kOlverMinOrder everywhere, and for
@@ -458,8 +650,13 @@ VMF_INLINE double bound_hypot(double x, double y) {
 template <bool InRange = false>
 VMF_INLINE double segura_b(double nu, double z, double alpha) {
   const double lambda = nu + 0.5 * (alpha - 1.0);
-  const double h = bound_hypot<InRange>(lambda, z);
+  const double h = bound_hypot<InRange>(lambda, z);  // (inf near DBL_MAX: then lambda/(2h) -> 0, negligible)
   const double delta = (nu - 0.5) + lambda / (2.0 * h);
+  if constexpr (!InRange) {
+    // delta + sqrt(delta^2 + z^2) overflows near DBL_MAX (the bounds were 0 at nu = z = 1e308):
+    // a quarter scale there (exact; R <= 1, so the quotient is at most 4).
+    if (delta > kHugeArg || z > kHugeArg) return (z / (0.25 * delta + ::hypot(0.25 * delta, 0.25 * z))) * 0.25;
+  }
   return z / (delta + bound_hypot<InRange>(delta, z));
 }
 
@@ -472,10 +669,16 @@ VMF_INLINE double segura_b(double nu, double z, double alpha) {
 // in-range loop has no branch.
 template <bool InRange = false>
 VMF_INLINE double theorem4_b(double nu, double z, double c) {
+  if constexpr (!InRange) {
+    // as in segura_b: a quarter scale where (nu - c) + sqrt((nu + c)^2 + z^2) could overflow
+    if (nu > kHugeArg || z > kHugeArg) return (z / (0.25 * (nu - c) + ::hypot(0.25 * (nu + c), 0.25 * z))) * 0.25;
+  }
   const double h = bound_hypot<InRange>(nu + c, z);
   const double r_large = z / ((nu - c) + h);
   const double q = (4.0 * c * nu) / z;
-  const double r_small = (InRange || !is_inf(q)) ? (h + (c - nu)) / (q + z) : (h + (c - nu)) * (z / (4.0 * c * nu));
+  // (where q overflows z is tiny: multiply first, z / (4 c nu) alone rounded to 0 in the
+  // subnormal range -- the upper bound was 0 below the lower at nu = 1/2, z = 5e-324)
+  const double r_small = (InRange || !is_inf(q)) ? (h + (c - nu)) / (q + z) : ((h + (c - nu)) * z) / (4.0 * c * nu);
   return nu >= c ? r_large : r_small;
 }
 
@@ -496,7 +699,7 @@ VMF_INLINE void bounds_formulas(double nu, double z, int theorem, double* lower,
 VMF_INLINE void iv_ratio_bounds(double nu, double z, int theorem, double* lower, double* upper) {
   const double lo_nu = theorem == 5 ? 0.5 : 0.0;
   if (is_nan(nu) || is_nan(z) || nu < lo_nu || z < 0.0 || is_inf(nu)) {
-    *lower = *upper = (is_inf(nu) && !is_inf(z) && z >= 0.0) ? 0.0 : NAN;
+    *lower = *upper = (is_inf(nu) && nu > 0.0 && !is_inf(z) && z >= 0.0) ? 0.0 : NAN;
     return;
   }
   if (z == 0.0) {
@@ -531,11 +734,22 @@ VMF_INLINE double iv_ratio_approx(double nu, double z) {
 
 // The papers' eq. (44): nu log z + eta z - (eta + nu) log 2 - log Gamma(nu+1) for z < nu
 // (eta = (nu + 1/2) / (2 (nu + 1))), z - log(z)/2 - log(2 pi)/2 for z >= nu.
+// nu = inf gives -inf for finite z (the limit of log I), z = inf gives +inf (finite nu).
+// Beyond nu = 2^1000 the first branch is evaluated through Stirling's series,
+//   nu (log(z / (2 nu)) + 1 + eta z / nu) - eta log 2 - log(2 pi nu)/2  (next term 1/(12 nu) < 2^-1000),
+// since nu log z and log Gamma(nu + 1) overflow separately there (NaN before).
 VMF_INLINE double log_iv_asymptotic(double nu, double z) {
   if (is_nan(nu) || is_nan(z) || nu < 0.0 || z < 0.0) return NAN;
   if (z == 0.0) return nu == 0.0 ? 0.0 : -INFINITY;
+  if (is_inf(z)) return is_inf(nu) ? NAN : INFINITY;
+  if (is_inf(nu)) return -INFINITY;
   if (z < nu) {
     double eta = (nu + 0.5) / (2.0 * (nu + 1.0));
+    if (nu > kHugeArg) {
+      const double q = z / nu;  // in (0, 1); log q directly unless it underflows
+      const double log_q = q > 0x1p-1000 ? ::log(q) : ::log(z) - ::log(nu);
+      return nu * ((log_q - dd::kLn2Hi + 1.0) + eta * q) - eta * dd::kLn2Hi - 0.5 * (dd::kLog2PiHi + ::log(nu));
+    }
     return nu * ::log(z) + eta * z - (eta + nu) * dd::kLn2Hi - ::lgamma(nu + 1.0);
   }
   return z - 0.5 * ::log(z) - 0.5 * dd::kLog2PiHi;
@@ -543,19 +757,37 @@ VMF_INLINE double log_iv_asymptotic(double nu, double z) {
 
 // The papers' eq. (45): log I_{nu - floor(nu)}(z) + sum_{n=0}^{floor(nu)-1} log R_{nu-n}(z),
 // each ratio by the approximation above, the fractional order exactly.  O(nu) work.
+// Orders above kSeriesMaxOrder give NaN: the loop is O(nu) (a million terms take a few
+// milliseconds; nu = 1e9 took minutes, and from 2^53 on the counter stops advancing).
+constexpr double kSeriesMaxOrder = 0x1p20;
+
 VMF_INLINE double log_iv_ratio_series(double nu, double z) {
-  if (is_nan(nu) || is_nan(z) || nu < 0.0 || z < 0.0 || is_inf(nu)) return NAN;
+  if (is_nan(nu) || is_nan(z) || nu < 0.0 || z < 0.0 || !(nu <= kSeriesMaxOrder)) return NAN;
   double n = ::floor(nu);
   double acc = log_iv(nu - n, z, false);
+  // Below z = 2^-900 every factor is z / (2 (nu - j)) to relative 2^-800 (both bounds are, as
+  // delta -> nu - j), so it is taken at z 2^500 (still in that linear range) and n 500 log 2
+  // subtracted at the end: the factors stay normal where z / (2 nu) would be subnormal.
+  const bool tiny = z < 0x1p-900;
+  const double zs = tiny ? z * 0x1p500 : z;
+  // The product is flushed into acc before it can leave the normal range: a factor below
+  // 1e-140 goes to acc directly, otherwise prod >= 1e-140 and the factor >= 1e-140 keep the
+  // product above 1e-280 (it underflowed to 0, log -inf, at nu = 143, z = 1.5e-118).
   double prod = 1.0;
   for (double j = 0.0; j < n; j += 1.0) {
-    prod *= iv_ratio_approx(nu - j, z);
-    if (prod < 1e-280) {
+    const double r = iv_ratio_approx(nu - j, zs);
+    if (r < 1e-140) {
+      acc += ::log(r);
+      continue;
+    }
+    prod *= r;
+    if (prod < 1e-140) {
       acc += ::log(prod);
       prod = 1.0;
     }
   }
-  return acc + ::log(prod);
+  acc += ::log(prod);
+  return tiny ? acc - n * (500.0 * dd::kLn2Hi) : acc;
 }
 
 }  // namespace bessel

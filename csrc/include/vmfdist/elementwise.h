@@ -54,6 +54,15 @@ struct IvRatioGrad {
   VMF_HD double operator()(double nu, double z) const { return bessel::iv_ratio_grad(nu, z); }
 };
 
+// d^2R/dz^2.
+struct IvRatioGrad2 {
+  static constexpr const char* name = "bessel_iv_ratio_grad2";
+  static constexpr const char* inputs[2] = {"nu", "z"};
+  using extra = Args<>;
+  static constexpr int outputs = 1;
+  VMF_HD double operator()(double nu, double z) const { return bessel::iv_ratio_grad2(nu, z); }
+};
+
 struct LogIv {
   static constexpr const char* name = "log_bessel_iv";
   static constexpr const char* inputs[2] = {"nu", "z"};
@@ -175,6 +184,7 @@ struct VmfMarginalGrad {
 #define VMFDIST_ELEMENTWISE_OPS(X)  \
   X(::vmfdist::elementwise::IvRatio)         \
   X(::vmfdist::elementwise::IvRatioGrad)     \
+  X(::vmfdist::elementwise::IvRatioGrad2)    \
   X(::vmfdist::elementwise::LogIv)           \
   X(::vmfdist::elementwise::LogIvGrad)       \
   X(::vmfdist::elementwise::LogIvAsymptotic) \

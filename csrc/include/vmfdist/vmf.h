@@ -35,6 +35,21 @@ struct Marginal {
   double w, omw, opw;  // w, 1 - w, 1 + w
 };
 
+// A row of NaN: what the sampler returns for kappa < 0 or NaN (the op cannot rely on
+// argument validation, which torch.compile switches off; before, kappa = -1e10 made
+// Wood's acceptance test NaN forever, and NaN kappa returned loc or uniform samples).
+VMF_INLINE Marginal nan_marginal() {
+  Marginal out;
+  out.w = out.omw = out.opw = NAN;
+  return out;
+}
+
+// Rejection rounds after which a marginal is given up as NaN.  Wood's envelope and
+// Marsaglia-Tsang's Gamma sampler accept with probability bounded away from 0 for every
+// d and kappa >= 0, so 2^16 rounds are never reached by valid input; the cap only
+// guarantees termination should a non-finite value ever reach the loops.
+constexpr int kMaxRejections = 1 << 16;
+
 // z ~ Beta(a, a) for a >= 1, with z' = 1 - z, from one Gamma and one normal: if
 // T ~ Student-t with 2a degrees of freedom then (1 + T / sqrt(2a + T^2)) / 2 ~
 // Beta(a, a), and with T = N sqrt(a / G), G ~ Gamma(a), N ~ N(0, 1) independent,
@@ -46,8 +61,8 @@ struct Marginal {
 VMF_INLINE void beta_symmetric(philox::PhiloxStream& s, double a, double* z, double* zc) {
   const double dd = a - 1.0 / 3.0;
   const double c = 1.0 / ::sqrt(9.0 * dd);
-  double g, nn;
-  for (;;) {
+  double g = NAN, nn = 0.0;
+  for (int it = 0; it < kMaxRejections; ++it) {
     double x;
     s.next_normal_pair(&x, &nn);
     double v = 1.0 + c * x;
@@ -89,6 +104,7 @@ VMF_INLINE Wood wood_setup(double d, double kappa) {
   return p;
 }
 
+
 // One marginal by Wood's rejection sampler (d != 3; kappa finite, b > 0).
 // Proposal: z ~ Beta(m/2, m/2), w = (1 - (1+b) z) / (1 - (1-b) z); with z' = 1 - z
 // the denominator is z' + b z and 1 - w = 2bz / (z' + bz), 1 + w = 2z' / (z' + bz).
@@ -96,7 +112,7 @@ VMF_INLINE Wood wood_setup(double d, double kappa) {
 // Wood's test kappa w + m log(1 - x0 w) - c >= log u rearranged to avoid cancellation.
 VMF_INLINE Marginal wood_sample(philox::PhiloxStream& s, const Wood& p) {
   const double a = 0.5 * p.m;
-  for (;;) {
+  for (int it = 0; it < kMaxRejections; ++it) {
     double z, zc;
     if (a == 0.5) {  // d = 2: Beta(1/2, 1/2) is the arcsine law, z = sin^2(pi u / 2)
       const double t = 0.5 * kPi * s.next_uniform<53>();
@@ -105,6 +121,7 @@ VMF_INLINE Marginal wood_sample(philox::PhiloxStream& s, const Wood& p) {
       zc = cs * cs;
     } else {
       beta_symmetric(s, a, &z, &zc);
+      if (is_nan(z)) return nan_marginal();  // the Gamma draw gave up (never for valid input)
     }
     const double den = zc + p.b * z;
     Marginal out;
@@ -117,6 +134,7 @@ VMF_INLINE Marginal wood_sample(philox::PhiloxStream& s, const Wood& p) {
     // log u <= u - 1: most acceptances need no logarithm
     if (u - 1.0 <= expo || expo >= ::log(u)) return out;
   }
+  return nan_marginal();
 }
 
 // d = 3: the exact inverse CDF, 1 - w = -log(1 - u (1 - e^{-2 kappa})) / kappa.
@@ -135,6 +153,7 @@ VMF_INLINE Marginal sphere3_sample(philox::PhiloxStream& s, double kappa) {
 // wood_setup(d, kappa) (unused for d = 3): callers with many rows of one kappa compute it
 // once.  kappa = +inf (or so large that b underflows) gives the point mass at w = 1.
 VMF_INLINE Marginal sample_marginal(philox::PhiloxStream& s, double d, double kappa, const Wood& p) {
+  if (!(kappa >= 0.0)) return nan_marginal();  // kappa < 0 or NaN (-inf included)
   if (d == 3.0) return sphere3_sample(s, kappa);
   if (!(p.b > 0.0)) {
     Marginal out;
@@ -149,6 +168,19 @@ VMF_INLINE Marginal sample_marginal(philox::PhiloxStream& s, double d, double ka
 VMF_INLINE Marginal sample_marginal(uint64_t seed, uint64_t offset, uint64_t row, double d, double kappa) {
   philox::PhiloxStream s(seed, offset, row);
   return sample_marginal(s, d, kappa, wood_setup(d, kappa));
+}
+
+// Normalising loc.  The kernels accumulate |mu|^2 (and mu.e) in double over the row; where
+// that leaves [2^-960, 2^960] (an entry above ~2^480, or every entry below ~2^-480:
+// loc = [1e300, 1e300, 0, 0] gave non-unit samples, loc = [1e-200, 0, ...] NaN), they redo
+// the sums over mu_i s with the exact power of two s = loc_scale(max_i |mu_i|), and use
+// mu_i s wherever mu_i appears.  Zero, infinite or NaN loc keeps s = 1 (and gives NaN rows).
+VMF_INLINE bool loc_needs_scaling(double mm) { return !(mm >= 0x1p-960 && mm <= 0x1p960); }
+
+VMF_INLINE double loc_scale(double max_abs) {
+  if (!(max_abs > 0.0) || is_inf(max_abs)) return 1.0;
+  const int e = ::ilogb(max_abs);  // max_abs in [2^e, 2^(e+1)); e >= -1074
+  return ::ldexp(1.0, e < -1023 ? 1023 : -e);
 }
 
 // The reflection Q(mu) with Q e_1 = mu for unit mu (mu_0 its first entry):

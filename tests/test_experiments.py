@@ -1,0 +1,110 @@
+"""Smoke tests of ``python -m vmfdist.experiments`` (the full runs are commands, not tests)."""
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from vmfdist.experiments import __main__ as cli
+from vmfdist.experiments import uci
+
+
+def _fake_uci(root, name="toy", n=60, d=3, splits=2, seed=0):
+    """A data set in the standard folder format, with a known linear-plus-noise target."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d))
+    y = x @ np.arange(1, d + 1) + 0.1 * rng.normal(size=n)
+    folder = root / name
+    folder.mkdir(parents=True)
+    np.savetxt(folder / "data.txt", np.column_stack([x, y]))
+    (folder / "index_features.txt").write_text("\n".join(str(i) for i in range(d)))
+    (folder / "index_target.txt").write_text(str(d))
+    (folder / "n_splits.txt").write_text(str(splits))
+    (folder / "n_hidden.txt").write_text("8")
+    (folder / "n_epochs.txt").write_text("2")
+    for k in range(splits):
+        perm = rng.permutation(n)
+        np.savetxt(folder / f"index_train_{k}.txt", perm[: n - 10], fmt="%d")
+        np.savetxt(folder / f"index_test_{k}.txt", perm[n - 10:], fmt="%d")
+    return x, y
+
+
+def test_loader_and_standardisation(tmp_path):
+    x, y = _fake_uci(tmp_path)
+    data = uci.load_dataset("toy", str(tmp_path))
+    assert data.x.shape == (60, 3) and data.n_hidden == 8 and len(data.splits) == 2
+    np.testing.assert_allclose(data.y.numpy(), y)
+    s = uci.make_split(data, 1)
+    tr = data.splits[1][0].numpy()
+    np.testing.assert_allclose(s.x_train.mean(0).numpy(), 0, atol=1e-12)
+    np.testing.assert_allclose(s.y_train.std().item(), 1, rtol=1e-12)
+    assert s.y_mean == pytest.approx(y[tr].mean()) and s.batch_size == 10
+    np.testing.assert_allclose(s.y_test.numpy(), y[data.splits[1][1].numpy()])
+
+
+def test_gaussian_metrics_against_scipy(tmp_path):
+    _fake_uci(tmp_path)
+    s = uci.make_split(uci.load_dataset("toy", str(tmp_path)), 0)
+    g = torch.Generator().manual_seed(1)
+    means = torch.randn(4, 10, generator=g, dtype=torch.float64)
+    var = torch.rand(4, 10, generator=g, dtype=torch.float64) + 0.1
+    m = uci.gaussian_metrics(s, means, var)
+    mu = means.numpy() * s.y_std + s.y_mean
+    sd = np.sqrt(var.numpy()) * s.y_std
+    dens = stats.norm.pdf(s.y_test.numpy()[None], mu, sd).mean(0)
+    assert m["test_ll"] == pytest.approx(np.log(dens).mean(), rel=1e-12)
+    assert m["rmse"] == pytest.approx(math.sqrt(((mu.mean(0) - s.y_test.numpy()) ** 2).mean()), rel=1e-12)
+
+
+def test_cli_smoke_and_split_rerun_reproduces(tmp_path):
+    """One split of one small set for a few epochs (the CI smoke run); a split re-run alone
+    gives the very number the first run recorded for it."""
+    data_dir = tmp_path / "uci"
+    _fake_uci(data_dir)
+    out1, out2 = tmp_path / "a", tmp_path / "b"
+    cli.main(["uci", "--data-dir", str(data_dir), "--methods", "map", "--splits", "0-1", "--epochs", "3",
+              "--out", str(out1)])
+    cli.main(["uci", "--data-dir", str(data_dir), "--methods", "map", "--splits", "1", "--epochs", "3",
+              "--out", str(out2)])
+    r1 = json.loads((out1 / "uci.json").read_text())["datasets"]["toy"]["map"]
+    r2 = json.loads((out2 / "uci.json").read_text())["datasets"]["toy"]["map"]
+    assert r1["split"] == [0, 1] and r2["split"] == [1]
+    assert r2["test_ll"][0] == r1["test_ll"][1] and r2["rmse"][0] == r1["rmse"][1]
+    assert all(math.isfinite(v) for v in r1["test_ll"] + r1["rmse"])
+    assert "| toy | map | 2 |" in (out1 / "uci.md").read_text()
+
+
+@pytest.mark.skipif(not os.path.isdir(uci.DEFAULT_DATA_DIR), reason="the shared UCI data are not beside this checkout")
+def test_real_data_smoke(tmp_path):
+    """The CI smoke version on the real data: yacht, split 0, two epochs of MAP."""
+    cli.main(["uci", "--datasets", "yacht", "--methods", "map", "--splits", "0", "--epochs", "2", "--out", str(tmp_path)])
+    r = json.loads((tmp_path / "uci.json").read_text())["datasets"]["yacht"]["map"]
+    assert math.isfinite(r["test_ll"][0]) and r["rmse"][0] < 20.0  # yacht's targets span 0-63
+
+
+@pytest.mark.parametrize("method", ["noisy-ekfac", "noisy-kfac", "kfac-laplace", "bbb", "radial", "rdp"])
+def test_library_methods_run(tmp_path, method):
+    """Each method built on the library's optimizers / Laplace trains one split of a toy set and
+    gives finite metrics; with a linear target they beat predicting the training mean."""
+    data_dir = tmp_path / "uci"
+    _fake_uci(data_dir, n=120)
+    cli.main(["uci", "--data-dir", str(data_dir), "--methods", method, "--splits", "0", "--epochs", "30",
+              "--out", str(tmp_path / "o")])
+    r = json.loads((tmp_path / "o" / "uci.json").read_text())["datasets"]["toy"][method]
+    data = uci.load_dataset("toy", str(data_dir))
+    tr, te = data.splits[0]
+    baseline = float((data.y[te] - data.y[tr].mean()).pow(2).mean().sqrt())
+    assert math.isfinite(r["test_ll"][0]) and r["rmse"][0] < 0.5 * baseline
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(SystemExit):
+        cli.main(["uci", "--data-dir", str(tmp_path / "missing")])
+    _fake_uci(tmp_path)
+    with pytest.raises(SystemExit):
+        cli.main(["uci", "--data-dir", str(tmp_path), "--methods", "nope"])
+    with pytest.raises(SystemExit):
+        cli.main(["uci", "--data-dir", str(tmp_path), "--splits", "x-y"])

@@ -1,0 +1,616 @@
+"""Tests of vmfdist.nn: layer KLs against Monte Carlo, the ELBO scaling, state_dict round trips,
+conversion, batched evaluation, predictive and metrics against peers, bad input."""
+import math
+
+import numpy as np
+import pytest
+import scipy.special
+import scipy.stats
+import torch
+from torch import nn
+from torch.distributions import Gamma, InverseGamma, Laplace, Normal
+
+import vmfdist.nn as vnn
+from vmfdist.distributions import Radial
+
+DT = torch.float64
+
+
+def _mc_check(samples, exact, z=5.0):
+    """|mean - exact| within z standard errors (the per-draw values are i.i.d.)."""
+    samples = torch.as_tensor(samples, dtype=DT)
+    mean = float(samples.mean())
+    se = float(samples.std()) / math.sqrt(samples.numel())
+    assert abs(mean - float(exact)) <= z * se + 1e-12 * abs(float(exact)), (mean, float(exact), se)
+
+
+# ---------------------------------------------------------------------------------------------
+# KL divergences against Monte Carlo
+
+
+def _perturb(layer, scale=0.3):
+    with torch.no_grad():
+        for n, p in layer.named_parameters():
+            p.add_(scale * torch.randn_like(p))
+
+
+@pytest.mark.parametrize("cls,prior", [(vnn.MeanFieldLinear, 0.7), (vnn.MeanFieldLinear, "laplace"),
+                                       (vnn.RadialLinear, 0.7)])
+def test_kl_gaussian_family_vs_monte_carlo(cls, prior):
+    torch.manual_seed(0)
+    if prior == "laplace":
+        prior = Laplace(torch.tensor(0.1, dtype=DT), torch.tensor(0.5, dtype=DT))
+    layer = cls(5, 3, dtype=DT, prior=prior, sigma_init=0.4)
+    _perturb(layer, 0.2)
+    layer.requires_grad_(False)
+    kl = float(layer.kl_divergence())
+    qw, qb = layer.weight_posterior(), layer.bias_posterior()
+    pw = layer.prior.distribution(layer.weight_mu.shape)
+    pb = layer.bias_prior.distribution(layer.bias_mu.shape)
+    n = 20000
+    w, b = qw.sample((n,)), qb.sample((n,))
+    # independent log densities: scipy for the Gaussian / Laplace terms, the Radial density's own formula
+    if cls is vnn.MeanFieldLinear:
+        lq = (scipy.stats.norm.logpdf(w.numpy(), layer.weight_mu.detach().numpy(),
+                                      layer.weight_sigma.detach().numpy()).sum((1, 2))
+              + scipy.stats.norm.logpdf(b.numpy(), layer.bias_mu.detach().numpy(),
+                                        layer.bias_sigma.detach().numpy()).sum(1))
+    else:  # Radial: |v| half-normal, v/|v| uniform on the sphere (scipy's halfnorm and gammaln)
+        lq = 0.0
+        for val, loc, sig in ((w, layer.weight_mu, layer.weight_sigma), (b, layer.bias_mu, layer.bias_sigma)):
+            v = ((val - loc) / sig).reshape(n, -1).numpy()
+            dim = v.shape[1]
+            r = np.linalg.norm(v, axis=1)
+            log_area = math.log(2) + 0.5 * dim * math.log(math.pi) - scipy.special.gammaln(0.5 * dim)
+            lq = lq + (scipy.stats.halfnorm.logpdf(r) - log_area - (dim - 1) * np.log(r)
+                       - np.log(sig.numpy()).sum())
+    base = pw.base_dist
+    if isinstance(base, Normal):
+        lp = (scipy.stats.norm.logpdf(w.numpy(), 0.0, 0.7).sum((1, 2)) + scipy.stats.norm.logpdf(b.numpy(), 0.0, 0.7).sum(1))
+    else:
+        lp = (scipy.stats.laplace.logpdf(w.numpy(), 0.1, 0.5).sum((1, 2))
+              + scipy.stats.laplace.logpdf(b.numpy(), 0.1, 0.5).sum(1))
+    _mc_check(torch.as_tensor(lq - lp), kl)
+    assert pb.event_shape == layer.bias_mu.shape
+
+
+def test_radial_kl_to_laplace_is_a_clear_error():
+    layer = vnn.RadialLinear(3, 2, prior=Laplace(0.0, 1.0))
+    with pytest.raises(NotImplementedError, match="prior"):
+        layer.kl_divergence()
+
+
+def test_radial_prior_kl_is_unbiased():
+    torch.manual_seed(1)
+    shape = (3, 4)
+    prior = Radial(torch.zeros(shape, dtype=DT), torch.full(shape, 0.8, dtype=DT))
+    bias_prior = Radial(torch.zeros(3, dtype=DT), torch.full((3,), 0.8, dtype=DT))
+    layer = vnn.RadialLinear(4, 3, dtype=DT, prior=prior, bias_prior=bias_prior, sigma_init=0.3, prior_kl_samples=4)
+    _perturb(layer, 0.2)
+    with torch.no_grad():
+        est = torch.stack([layer.kl_divergence() for _ in range(3000)])
+    # reference: a separate, large Monte Carlo with the exact Radial densities
+    qw, qb = layer.weight_posterior(), layer.bias_posterior()
+    with torch.no_grad():
+        w, b = qw.sample((200000,)), qb.sample((200000,))
+        ref = float(((qw.log_prob(w) - prior.log_prob(w)) + (qb.log_prob(b) - bias_prior.log_prob(b))).mean())
+    se = float(est.std()) / math.sqrt(est.numel())
+    assert abs(float(est.mean()) - ref) < 5 * se + 0.02
+
+
+@pytest.mark.parametrize("grouping", ["row", "column", "double"])
+def test_rdp_kl_vs_monte_carlo(grouping):
+    """Each factor's KL against Monte Carlo with SciPy's vMF, Gamma and inverse-Gamma densities."""
+    torch.manual_seed(2)
+    layer = vnn.RDPLinear(4, 3, dtype=DT, grouping=grouping, init_eps=0.2, prior_eps=0.4, lognormal_sigma=0.5)
+    _perturb(layer, 0.1)
+    layer.requires_grad_(False)
+    n = 20000
+    total_mc = np.zeros(n)
+    with torch.no_grad():
+        for _, f in layer._factors():
+            qd = f.direction_posterior()
+            x = qd.sample((n,)).numpy()  # (n, G, d)
+            mu = f.loc.numpy()
+            kq, kp = float(f.concentration), float(f.prior_concentration)
+            for g in range(f.num_groups):
+                total_mc += (scipy.stats.vonmises_fisher(mu[g], kq).logpdf(x[:, g])
+                             - scipy.stats.vonmises_fisher(mu[g], kp).logpdf(x[:, g]))
+            tl, tg = float(f.tau_local), float(f.tau_global)
+            prior_pars = [(0.5, tl ** 2, "gamma"), (0.5, 1.0, "invgamma"), (0.5, tg ** 2, "gamma"), (0.5, 1.0, "invgamma")]
+            for q, (alpha, scale, kind) in zip(f.radius_posteriors(), prior_pars):
+                v = q.sample((n,)).numpy()
+                lq = scipy.stats.lognorm.logpdf(v, float(q.scale.mean()) if q.scale.dim() == 0 else q.scale.numpy(),
+                                                scale=np.exp(q.loc.numpy()))
+                if kind == "gamma":
+                    lp = scipy.stats.gamma.logpdf(v, alpha, scale=scale)  # rate 1/tau^2 = scale tau^2
+                else:
+                    lp = scipy.stats.invgamma.logpdf(v, alpha, scale=scale)
+                total_mc += (lq - lp).reshape(n, -1).sum(1)
+        kl_bias = float(torch.distributions.kl_divergence(layer.bias_posterior(),
+                                                          layer.bias_prior.distribution((3,))))
+        kl = float(layer.kl_divergence()) - kl_bias
+    _mc_check(total_mc, kl)
+
+
+def test_prior_concentration_matches_scipy_root():
+    for d, eps in [(9, 0.1), (64, 0.1), (576, 0.01), (3, 0.5)]:
+        k = vnn.concentration_for_mean_length(d, 1 - eps)
+        ratio = lambda kk: scipy.special.ive(d / 2, kk) / scipy.special.ive(d / 2 - 1, kk) - (1 - eps)  # noqa: E731
+        r = 1 - eps
+        guess = r * (d - r * r) / (1 - r * r)  # Banerjee et al.'s approximation brackets the root
+        ref = scipy.optimize.brentq(ratio, 0.2 * guess, 5 * guess, xtol=1e-12, rtol=1e-13)
+        assert k == pytest.approx(ref, rel=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------
+# ELBO
+
+
+def test_elbo_scaling_by_hand():
+    torch.manual_seed(3)
+    layer = vnn.MeanFieldLinear(4, 3, dtype=DT, prior=0.5, sigma_init=0.2)
+    _perturb(layer, 0.3)
+    model = nn.Sequential(layer)
+    x = torch.randn(6, 4, dtype=DT)
+    y = torch.tensor([0, 2, 1, 1, 0, 2])
+    n_data = 1000
+    elbo = vnn.ELBO(model, num_data=n_data, kl_weight=0.3)
+    with vnn.deterministic(model, "mean"):
+        out = model(x)
+    loss = elbo(out, y).detach()
+    # by hand (numpy): cross-entropy of the logits, closed-form Gaussian KL
+    logits = out.detach().numpy()
+    nll = np.mean(scipy.special.logsumexp(logits, axis=1) - logits[np.arange(6), y.numpy()])
+    mu = np.concatenate([layer.weight_mu.detach().numpy().ravel(), layer.bias_mu.detach().numpy()])
+    sig = np.concatenate([layer.weight_sigma.detach().numpy().ravel(), layer.bias_sigma.detach().numpy()])
+    kl = np.sum(np.log(0.5 / sig) + (sig ** 2 + mu ** 2) / (2 * 0.25) - 0.5)
+    assert float(elbo.nll) == pytest.approx(nll, rel=1e-12)
+    assert float(elbo.kl) == pytest.approx(kl, rel=1e-12)
+    assert float(loss) == pytest.approx(nll + 0.3 * kl / n_data, rel=1e-12)
+    # samples stacked on a leading dimension are averaged
+    out3 = torch.stack([out, 2 * out])
+    loss3 = elbo(out3, y).detach()
+    l2 = 2 * logits
+    nll2 = np.mean(scipy.special.logsumexp(l2, axis=1) - l2[np.arange(6), y.numpy()])
+    assert float(loss3) == pytest.approx(0.5 * (nll + nll2) + 0.3 * kl / n_data, rel=1e-12)
+
+
+def test_elbo_schedule_and_parts():
+    model = nn.Sequential(vnn.MeanFieldLinear(2, 2))
+    elbo = vnn.ELBO(model, num_data=10, kl_weight=lambda step: min(1.0, step / 2))
+    x, y = torch.randn(3, 2), torch.tensor([0, 1, 1])
+    weights = []
+    for _ in range(4):
+        elbo(model(x), y)
+        weights.append(elbo.kl_weight_value)
+    assert weights == [0.0, 0.5, 1.0, 1.0]
+    elbo.eval()
+    elbo(model(x), y)
+    assert elbo.step == 4
+
+
+@pytest.mark.parametrize("bad", [None, 0, -5, float("nan"), True, "100"])
+def test_elbo_num_data_required(bad):
+    model = nn.Sequential(vnn.MeanFieldLinear(2, 2))
+    with pytest.raises((ValueError, TypeError), match="num_data"):
+        vnn.ELBO(model, num_data=bad)
+
+
+def test_elbo_num_data_is_keyword_required():
+    with pytest.raises(TypeError):
+        vnn.ELBO(nn.Sequential(vnn.MeanFieldLinear(2, 2)))  # noqa
+
+
+def test_likelihood_shape_errors():
+    model = nn.Sequential(vnn.MeanFieldLinear(2, 3))
+    elbo = vnn.ELBO(model, num_data=10)
+    with pytest.raises(ValueError, match="does not fit target"):
+        elbo(torch.randn(4, 3), torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="class indices"):
+        elbo(torch.randn(3, 3), torch.tensor([0, 1, 3]))
+    with pytest.raises(ValueError, match="integer class indices"):
+        elbo(torch.randn(3, 3), torch.tensor([0.0, 1.0, 2.0]))
+    reg = vnn.ELBO(model, num_data=10, likelihood=vnn.Gaussian(0.5))
+    with pytest.raises(ValueError, match="does not fit target"):
+        reg(torch.randn(4, 3), torch.randn(4))
+    gp = vnn.ELBO(model, num_data=10, likelihood=vnn.GammaPrecisionGaussian())
+    with pytest.raises(ValueError, match="does not fit target"):
+        gp(torch.randn(5, 1), torch.randn(4))
+
+
+def test_gaussian_likelihoods_by_hand():
+    torch.manual_seed(4)
+    f, y = torch.randn(7, 1, dtype=DT), torch.randn(7, dtype=DT)
+    g = vnn.Gaussian(0.3, learn_sigma=True)
+    assert isinstance(g.log_sigma, nn.Parameter)
+    nll = g.nll(f, y).mean()
+    ref = -scipy.stats.norm.logpdf(y.numpy(), f.squeeze(-1).numpy(), 0.3).mean()
+    assert float(nll.detach()) == pytest.approx(ref, rel=1e-6)
+    gp = vnn.GammaPrecisionGaussian(6.0, 6.0)
+    with torch.no_grad():
+        gp.log_a1.fill_(math.log(3.0))
+        gp.log_b1.fill_(math.log(2.0))
+    # E_q[-log N(y | f, 1/tau)] by quadrature over tau ~ Gamma(3, rate 2)
+    r2 = (y - f.squeeze(-1)).numpy() ** 2
+    ref = [scipy.integrate.quad(lambda t: -scipy.stats.gamma.pdf(t, 3.0, scale=0.5)
+                                * scipy.stats.norm.logpdf(0.0, np.sqrt(r), 1 / np.sqrt(t)), 0, np.inf)[0] for r in r2]
+    assert gp.nll(f.to(torch.float32), y.to(torch.float32)).detach().double().numpy() == pytest.approx(np.array(ref), rel=1e-5)
+    kl = float(gp.kl().detach())
+    t = np.linspace(1e-6, 40, 400001)
+    q = scipy.stats.gamma.pdf(t, 3.0, scale=0.5)
+    ref_kl = np.trapezoid(q * (scipy.stats.gamma.logpdf(t, 3.0, scale=0.5) - scipy.stats.gamma.logpdf(t, 6.0, scale=1 / 6.0)), t)
+    assert kl == pytest.approx(ref_kl, rel=1e-4)
+    with pytest.raises(ValueError, match="sigma"):
+        vnn.Gaussian(-1.0)
+    with pytest.raises(ValueError, match="a0"):
+        vnn.GammaPrecisionGaussian(0.0, 1.0)
+
+
+def test_non_finite_parameter_detected():
+    model = nn.Sequential(vnn.MeanFieldLinear(2, 2), nn.ReLU(), vnn.RadialLinear(2, 2))
+    elbo = vnn.ELBO(model, num_data=10)
+    x, y = torch.randn(3, 2), torch.tensor([0, 1, 1])
+    elbo(model(x), y)
+    with torch.no_grad():
+        model[2].weight_mu[0, 0] = float("nan")
+    with pytest.raises(FloatingPointError, match=r"2\.weight_mu"):
+        elbo(model(x), y)
+    with pytest.raises(FloatingPointError, match="weight_mu"):
+        vnn.check_finite(model)
+
+
+# ---------------------------------------------------------------------------------------------
+# layers: shapes, modes, folded evaluation, bad input
+
+LAYERS = [
+    (vnn.MeanFieldLinear, {"estimator": "reparam"}),
+    (vnn.MeanFieldLinear, {"estimator": "local"}),
+    (vnn.MeanFieldLinear, {"estimator": "flipout"}),
+    (vnn.RadialLinear, {}),
+    (vnn.RDPLinear, {"grouping": "row"}),
+    (vnn.RDPLinear, {"grouping": "column"}),
+    (vnn.RDPLinear, {"grouping": "double"}),
+]
+CONVS = [
+    (vnn.MeanFieldConv2d, {"estimator": "reparam"}),
+    (vnn.MeanFieldConv2d, {"estimator": "local"}),
+    (vnn.MeanFieldConv2d, {"estimator": "flipout"}),
+    (vnn.RadialConv2d, {}),
+    (vnn.RDPConv2d, {"grouping": "row"}),
+    (vnn.RDPConv2d, {"grouping": "double"}),
+]
+
+
+@pytest.mark.parametrize("cls,kw", LAYERS)
+def test_linear_modes_and_gradients(cls, kw):
+    torch.manual_seed(5)
+    layer = cls(6, 4, **kw)
+    x = torch.randn(5, 2, 6)
+    y1, y2 = layer(x), layer(x)
+    assert y1.shape == (5, 2, 4)
+    assert not torch.equal(y1, y2)  # sampling
+    (y1.sum() + layer.kl_divergence()).backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in layer.parameters())
+    with vnn.deterministic(layer, "mean"):
+        m1, m2 = layer(x), layer(x)
+    assert torch.equal(m1, m2) and layer.mode == "sample"
+    w, b = layer.point_weights("mean")
+    torch.testing.assert_close(m1, torch.nn.functional.linear(x, w, b))
+    layer.set_mode("mode")
+    w, b = layer.point_weights("mode")
+    torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, w, b))
+    with pytest.raises(ValueError, match="mode"):
+        layer.set_mode("median")
+    with pytest.raises(ValueError, match="in_features"):
+        layer(torch.randn(3, 5))
+
+
+@pytest.mark.parametrize("cls,kw", LAYERS + CONVS)
+def test_folded_samples_equal_per_sample_evaluation(cls, kw):
+    """The batched evaluation of S weight samples equals applying each sample separately."""
+    torch.manual_seed(6)
+    if cls in (vnn.MeanFieldConv2d, vnn.RadialConv2d, vnn.RDPConv2d):
+        groups = 1 if kw.get("grouping") == "double" else 2
+        layer = cls(4, 6, (3, 2), stride=(2, 1), padding=(1, 0), dilation=(1, 2), groups=groups, dtype=DT, **kw)
+        x = torch.randn(3, 4, 7, 6, dtype=DT)
+    else:
+        layer = cls(6, 4, dtype=DT, **kw)
+        x = torch.randn(3, 6, dtype=DT)
+    s = 4
+    w, b = layer.sample_weights(s)
+    assert w.shape == (s,) + tuple(layer.weight_mu.shape if hasattr(layer, "weight_mu") else layer.weight_shape)
+    xs = x.repeat(s, *([1] * (x.dim() - 1)))
+    folded = layer._apply_folded(xs, w, b, s)
+    ref = torch.cat([layer._apply_weights(x, w[i], b[i]) for i in range(s)])
+    torch.testing.assert_close(folded, ref)
+    out = vnn.sample_forward(nn.Sequential(layer), x, s)
+    assert out.shape[:2] == (s, 3)
+
+
+@pytest.mark.parametrize("estimator", ["local", "flipout"])
+def test_estimators_match_reparam_moments(estimator):
+    """local / flipout outputs have the mean and variance of the weight-sampling output
+    (exact values: mean f(x, mu), variance f(x^2, sigma^2) + sigma_b^2)."""
+    torch.manual_seed(7)
+    layer = vnn.MeanFieldLinear(5, 2, dtype=DT, estimator=estimator, sigma_init=0.5)
+    x = torch.randn(1, 5, dtype=DT).expand(20000, 5)
+    with torch.no_grad():
+        out = layer(x)
+        mean = torch.nn.functional.linear(x[:1], layer.weight_mu, layer.bias_mu)[0]
+        var = torch.nn.functional.linear(x[:1] ** 2, layer.weight_sigma ** 2, layer.bias_sigma ** 2)[0]
+    if estimator == "flipout":  # one weight perturbation per call: the rows are dependent, use many calls
+        with torch.no_grad():
+            out = torch.cat([layer(x[:50]) for _ in range(400)])
+    for j in range(2):
+        _mc_check(out[:, j], mean[j])
+        _mc_check((out[:, j] - mean[j]) ** 2, var[j])
+
+
+def test_bad_layer_arguments():
+    with pytest.raises(ValueError, match="estimator"):
+        vnn.MeanFieldLinear(2, 2, estimator="vanilla")
+    with pytest.raises(ValueError, match="in_features"):
+        vnn.RadialLinear(0, 2)
+    with pytest.raises(ValueError, match="prior"):
+        vnn.MeanFieldLinear(2, 2, prior=-1.0)
+    with pytest.raises(TypeError, match="prior"):
+        vnn.MeanFieldLinear(2, 2, prior="normal")
+    with pytest.raises(ValueError, match="too small to group"):
+        vnn.RDPLinear(1, 5, grouping="row")
+    with pytest.raises(ValueError, match="too small to group"):
+        vnn.RDPLinear(5, 1, grouping="double")
+    vnn.RDPLinear(5, 1, grouping="row")  # a single row of 5 is fine
+    with pytest.raises(ValueError, match="groups=1"):
+        vnn.RDPConv2d(4, 4, 3, groups=2, grouping="column")
+    with pytest.raises(ValueError, match="grouping"):
+        vnn.RDPLinear(3, 3, grouping="block")
+    with pytest.raises(ValueError, match="groups"):
+        vnn.MeanFieldConv2d(3, 4, 3, groups=2)
+    with pytest.raises(ValueError, match="padding_mode"):
+        vnn.RadialConv2d(3, 4, 3, padding_mode="reflect")
+    with pytest.raises(ValueError, match="does not broadcast"):
+        vnn.MeanFieldLinear(3, 2, prior=Normal(torch.zeros(5), 1.0)).kl_divergence()
+
+
+# ---------------------------------------------------------------------------------------------
+# state_dict round trips (priors included)
+
+
+@pytest.mark.parametrize("cls,kw", LAYERS + CONVS)
+def test_state_dict_round_trip(cls, kw):
+    torch.manual_seed(8)
+    conv = cls in (vnn.MeanFieldConv2d, vnn.RadialConv2d, vnn.RDPConv2d)
+    args = (3, 4, 3) if conv else (5, 4)
+    extra = {"tau_local": 0.05, "tau_global": 0.02, "prior_eps": 0.3, "bias_prior": 0.4} if "grouping" in kw \
+        else {"prior": Normal(torch.tensor(0.2), torch.tensor(0.6)), "bias_prior": 0.3}
+    a = cls(*args, **kw, **extra)
+    _perturb(a, 0.05)
+    b = cls(*args, **kw)  # default priors and a different initialisation
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 3, 5, 5) if conv else torch.randn(2, 5)
+    torch.testing.assert_close(b.kl_divergence(), a.kl_divergence())
+    for use in ("mean", "mode"):
+        a.set_mode(use)
+        b.set_mode(use)
+        torch.testing.assert_close(b(x), a(x))
+    torch.manual_seed(9)
+    ws = a.sample_weights(2)[0]
+    torch.manual_seed(9)
+    torch.testing.assert_close(b.sample_weights(2)[0], ws)
+
+
+def test_elbo_state_dict_keeps_learned_noise():
+    lik = vnn.GammaPrecisionGaussian(6.0, 6.0)
+    with torch.no_grad():
+        lik.log_a1.fill_(2.0)
+    elbo = vnn.ELBO(nn.Linear(2, 1), num_data=5, likelihood=lik)
+    other = vnn.ELBO(nn.Linear(2, 1), num_data=5, likelihood=vnn.GammaPrecisionGaussian(2.0, 3.0))
+    other.load_state_dict(elbo.state_dict())
+    assert float(other.likelihood.log_a1) == 2.0 and float(other.likelihood.a0) == 6.0
+
+
+# ---------------------------------------------------------------------------------------------
+# conversion
+
+
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(4, 6, (3, 5), stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2, bias=True),
+            nn.ReLU(),
+            nn.Conv2d(6, 5, (2, 3), padding=1, bias=False),
+        )
+        self.head = nn.Linear(5 * 5 * 4, 3)
+
+    def forward(self, x):
+        return self.head(self.features(x).flatten(1))
+
+
+@pytest.mark.parametrize("kind", ["meanfield", "radial", "rdp"])
+def test_to_bayesian_from_weights_reproduces_the_network(kind):
+    torch.manual_seed(10)
+    net = _Net().to(DT)
+    x = torch.randn(2, 4, 8, 8, dtype=DT)
+    ref = net(x)
+    assert ref.shape == (2, 3)
+    bnet = vnn.to_bayesian(net, kind, init="from_weights")
+    convs = [m for m in bnet.modules() if isinstance(m, vnn.BayesianModule)]
+    assert len(convs) == 3
+    c0 = bnet.features[0]
+    assert (c0.kernel_size, c0.stride, c0.padding, c0.dilation, c0.groups) == ((3, 5), (2, 1), (1, 2), (1, 2), 2)
+    assert bnet.features[2].bias_mu is None
+    with vnn.deterministic(bnet, "mean"):
+        torch.testing.assert_close(bnet(x), ref)
+    plain = vnn.to_deterministic(bnet, "mean")
+    assert not any(isinstance(m, vnn.BayesianModule) for m in plain.modules())
+    torch.testing.assert_close(plain(x), ref)
+    assert isinstance(net.head, nn.Linear)  # the original is untouched
+    if kind == "meanfield":
+        torch.testing.assert_close(bnet.head.weight_sigma, (0.1 * net.head.weight.abs()).clamp_min(1e-6))
+
+
+def test_to_bayesian_selection_and_errors():
+    net = _Net()
+    last = vnn.to_bayesian(net, "radial", last_layer_only=True)
+    assert isinstance(last.head, vnn.RadialLinear) and isinstance(last.features[0], nn.Conv2d)
+    only = vnn.to_bayesian(net, include=["features.*"], exclude=["features.2"])
+    assert isinstance(only.features[0], vnn.MeanFieldConv2d) and type(only.features[2]) is nn.Conv2d
+    assert type(only.head) is nn.Linear
+    rdp = vnn.to_bayesian(net, "rdp", include="head", grouping="double")
+    assert rdp.head.grouping == "double"
+    with pytest.raises(ValueError, match="ReLU"):
+        vnn.to_bayesian(net, include=["features.1"])
+    with pytest.raises(ValueError, match="no module named"):
+        vnn.to_bayesian(net, include=["decoder"])
+    with pytest.raises(ValueError, match="kind"):
+        vnn.to_bayesian(net, "dropout")
+    with pytest.raises(ValueError, match="init"):
+        vnn.to_bayesian(net, init="moped")
+    with pytest.raises(ValueError, match="groups=1"):  # the grouped convolution cannot be column-grouped
+        vnn.to_bayesian(net, "rdp", grouping="column")
+
+
+# ---------------------------------------------------------------------------------------------
+# predictive and metrics
+
+
+def test_predict_classification_is_the_average_of_the_samples():
+    torch.manual_seed(11)
+    model = nn.Sequential(vnn.RadialLinear(4, 8, sigma_init=0.3), nn.ReLU(), vnn.MeanFieldLinear(8, 3, sigma_init=0.3))
+    x = torch.randn(10, 4)
+    torch.manual_seed(12)
+    pred = vnn.predict(model, x, num_samples=7)
+    torch.manual_seed(12)
+    with torch.no_grad():
+        logits = vnn.sample_forward(model, x, 7)
+    probs = torch.softmax(logits, -1)
+    torch.testing.assert_close(pred.probs, probs.mean(0))
+    torch.testing.assert_close(pred.sample_probs, probs)
+    assert model.training
+    # the samples differ (not one weight draw repeated)
+    assert (probs[0] - probs[1]).abs().max() > 1e-4
+    ent = -(pred.probs * pred.probs.log()).sum(-1)
+    torch.testing.assert_close(vnn.predictive_entropy(pred), ent)
+    mi = ent + (probs * probs.log()).sum(-1).mean(0)
+    torch.testing.assert_close(vnn.mutual_information(pred), mi)
+    assert (vnn.mutual_information(pred) >= -1e-6).all()
+
+
+def test_predict_regression_mixtures():
+    torch.manual_seed(13)
+    model = nn.Sequential(vnn.MeanFieldLinear(3, 1, sigma_init=0.5, dtype=DT))
+    x, y = torch.randn(6, 3, dtype=DT), torch.randn(6, dtype=DT)
+    lik = vnn.Gaussian(0.4)
+    torch.manual_seed(14)
+    pred = vnn.predict(model, x, 5, likelihood=lik)
+    torch.manual_seed(14)
+    with torch.no_grad():
+        f = vnn.sample_forward(model, x, 5).squeeze(-1).numpy()  # (5, 6)
+    ref = scipy.special.logsumexp(scipy.stats.norm.logpdf(y.numpy(), f, 0.4), axis=0) - math.log(5)
+    np.testing.assert_allclose(pred.log_prob(y).numpy(), ref, rtol=1e-6)  # sigma is held in float32
+    ll = vnn.log_likelihood(pred, 3.0 + 2.0 * y, y_mean=3.0, y_std=2.0)
+    assert float(ll) == pytest.approx(float(np.mean(ref - math.log(2.0))), rel=1e-6)
+    assert float(vnn.rmse(pred, 3.0 + 2.0 * y, 3.0, 2.0)) == pytest.approx(
+        2.0 * float(np.sqrt(np.mean((f.mean(0) - y.numpy()) ** 2))), rel=1e-10)
+    gp = vnn.GammaPrecisionGaussian()
+    with torch.no_grad():
+        gp.log_a1.fill_(math.log(4.0))
+        gp.log_b1.fill_(math.log(2.0))
+    torch.manual_seed(14)
+    pt = vnn.predict(model, x, 5, likelihood=gp)
+    ref_t = scipy.special.logsumexp(scipy.stats.t.logpdf(y.numpy(), 8.0, f, math.sqrt(0.5)), axis=0) - math.log(5)
+    np.testing.assert_allclose(pt.log_prob(y).numpy(), ref_t, rtol=1e-6)
+
+
+def test_metrics_against_peers():
+    torchmetrics = pytest.importorskip("torchmetrics")
+    sklearn_metrics = pytest.importorskip("sklearn.metrics")
+    torch.manual_seed(15)
+    logits = 3 * torch.randn(500, 4, dtype=DT)
+    probs = torch.softmax(logits, -1)
+    y = torch.randint(0, 4, (500,))
+    ref_ece = torchmetrics.functional.classification.multiclass_calibration_error(probs, y, 4, n_bins=15, norm="l1")
+    assert float(vnn.ece(probs, y)) == pytest.approx(float(ref_ece), rel=1e-6)
+    assert float(vnn.accuracy(probs, y)) == pytest.approx(sklearn_metrics.accuracy_score(y, probs.argmax(-1)))
+    onehot = np.eye(4)[y.numpy()]
+    assert float(vnn.brier_score(probs, y)) == pytest.approx(np.mean(((probs.numpy() - onehot) ** 2).sum(1)))
+    s_in = torch.randn(300).round(decimals=1)  # ties on purpose
+    s_out = (torch.randn(200) + 0.7).round(decimals=1)
+    labels = np.r_[np.zeros(300), np.ones(200)]
+    ref_auc = sklearn_metrics.roc_auc_score(labels, np.r_[s_in.numpy(), s_out.numpy()])
+    assert float(vnn.ood_auroc(s_in, s_out)) == pytest.approx(ref_auc, rel=1e-12)
+    with pytest.raises(ValueError, match="y must have shape"):
+        vnn.accuracy(probs, y[:10])
+    with pytest.raises(TypeError, match="predict"):
+        vnn.mutual_information(torch.distributions.Categorical(probs=probs))
+
+
+def test_kl_divergence_of_model_sums_layers():
+    model = nn.Sequential(vnn.MeanFieldLinear(3, 4), nn.ReLU(), nn.Sequential(vnn.RDPLinear(4, 2)))
+    total = vnn.kl_divergence(model)
+    torch.testing.assert_close(total, model[0].kl_divergence() + model[2][0].kl_divergence())
+    assert float(vnn.kl_divergence(nn.Linear(2, 2))) == 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# pruning tools
+
+
+def test_gap_threshold_and_counts():
+    v = torch.tensor([-9.0, -8.5, -8.8, -1.0, -0.5, 0.2])
+    assert vnn.gap_threshold(v) == pytest.approx(-4.75)
+    assert vnn.gap_threshold(torch.tensor([0.0, 0.3, 0.5])) == -math.inf
+    net = nn.Sequential(nn.Conv2d(1, 20, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(20, 50, 5), nn.ReLU(),
+                        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(800, 500), nn.ReLU(), nn.Linear(500, 10))
+    assert vnn.architecture(net) == "20-50-800-500"
+    # the paper's formulas, written out for LeNet-5-Caffe on 28x28
+    flops = (25 + 1) * 24 * 24 * 20 + (25 * 20 + 1) * 8 * 8 * 50 + 801 * 500 + 501 * 10
+    assert vnn.count_flops(net, (1, 28, 28)) == flops
+    assert vnn.count_parameters(net) == sum(p.numel() for p in net.parameters())
+    bnet = vnn.to_bayesian(net, "rdp")
+    assert vnn.count_parameters(bnet) == vnn.count_parameters(net)
+    assert vnn.count_flops(bnet, (1, 28, 28)) == flops
+
+
+def test_compress_removes_neurons_pruned_on_both_sides():
+    torch.manual_seed(16)
+    model = nn.Sequential(vnn.RDPLinear(6, 5, grouping="double"), nn.ReLU(), vnn.RDPLinear(5, 3, grouping="double"))
+    with torch.no_grad():
+        model[0].row.local_b_loc[[1, 3]] -= 30.0   # rows 1 and 3 of layer 0 pruned
+        model[2].column.local_b_loc[[1, 4]] -= 30.0  # columns 1 and 4 of layer 2 pruned
+        model[0].column.local_b_loc[2] -= 30.0       # input 2 pruned: zeroed, never removed
+    small = vnn.compress(model, threshold=-7.0)
+    assert small[0].weight.shape == (4, 6) and small[2].weight.shape == (3, 4)  # only neuron 1 goes
+    full = vnn.to_deterministic(model, "mean")
+    w0 = full[0].weight.detach().clone()
+    w0[3] = 0.0
+    w0[:, 2] = 0.0
+    torch.testing.assert_close(small[0].weight, w0[[0, 2, 3, 4]])
+    w2 = full[2].weight.detach().clone()
+    w2[:, 4] = 0.0
+    torch.testing.assert_close(small[2].weight, w2[:, [0, 2, 3, 4]])
+    assert vnn.count_parameters(small) < vnn.count_parameters(model)
+    with pytest.raises(TypeError, match="Sequential"):
+        vnn.compress(_Net())
+
+
+@pytest.mark.parametrize("grouping", ["row", "column", "double"])
+def test_rdp_posterior_mean_matches_samples(grouping):
+    """The closed-form E[W] (log-normal radius mean times A_d(kappa) mu) against the average of
+    sampled weights, and the distribution object's shapes and mode."""
+    torch.manual_seed(17)
+    layer = vnn.RDPLinear(4, 3, dtype=DT, grouping=grouping, init_eps=0.3, lognormal_sigma=0.3)
+    _perturb(layer, 0.1)
+    q = layer.weight_posterior()
+    assert isinstance(q, vnn.RDPPosterior) and q.event_shape == (3, 4)
+    with torch.no_grad():
+        w = q.rsample((40000,))
+        assert w.shape == (40000, 3, 4)
+        mean = q.mean
+        torch.testing.assert_close(mean, layer.point_weights("mean")[0])
+        torch.testing.assert_close(q.mode, layer.point_weights("mode")[0])
+    for i in range(3):
+        for j in range(4):
+            _mc_check(w[:, i, j], mean[i, j])

@@ -1,0 +1,30 @@
+"""``python -m vmfdist.experiments <name> [options]`` (``--help`` for the list)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import uci
+
+EXPERIMENTS = {
+    "uci": (uci, "UCI regression table (000, Table 1): test log-likelihood and RMSE"),
+}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vmfdist.experiments",
+                                     description="Reproductions of the papers' experiments.")
+    sub = parser.add_subparsers(dest="name", required=True, metavar="NAME")
+    for name, (mod, text) in EXPERIMENTS.items():
+        p = sub.add_parser(name, help=text, description=(mod.__doc__ or "").split("\n\n")[0])
+        mod.add_arguments(p)
+    args = parser.parse_args(argv)
+    try:
+        EXPERIMENTS[args.name][0].run(args)
+    except (FileNotFoundError, ValueError) as e:  # bad paths or arguments: say what, no traceback
+        parser.error(str(e))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

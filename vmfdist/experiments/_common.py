@@ -1,0 +1,72 @@
+"""Shared plumbing of the experiments: run metadata, a progress bar, result files."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from typing import Iterable, Optional
+
+import torch
+
+
+def run_metadata(argv: Optional[list] = None) -> dict:
+    """Commit, versions and machine of this run (recorded beside every result)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = None, None
+    return {
+        "commit": commit,
+        "dirty": dirty,
+        "command": "python -m vmfdist.experiments " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu_threads": torch.get_num_threads(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def progress(items: Iterable, label: str, total: Optional[int] = None, stream=None):
+    """Yield ``items`` while drawing a one-line text bar (on stderr) with elapsed time."""
+    stream = stream or sys.stderr
+    items = list(items) if total is None else items
+    total = len(items) if total is None else total
+    start = time.perf_counter()
+    width = 30
+
+    def draw(done):
+        filled = int(width * done / max(total, 1))
+        el = time.perf_counter() - start
+        stream.write(f"\r{label:<28} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {el:7.1f}s")
+        stream.flush()
+
+    draw(0)
+    for i, item in enumerate(items):
+        yield item
+        draw(i + 1)
+    stream.write("\n")
+    stream.flush()
+
+
+def write_json(path: str, payload: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1, sort_keys=False)
+        f.write("\n")
+
+
+def mean_se(values) -> tuple:
+    """Mean and standard error (sample standard deviation / sqrt(n); 0 for one value)."""
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    if t.numel() == 0:
+        return float("nan"), float("nan")
+    se = float(t.std(unbiased=True) / t.numel() ** 0.5) if t.numel() > 1 else 0.0
+    return float(t.mean()), se

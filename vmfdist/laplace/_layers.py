@@ -1,0 +1,184 @@
+"""Which parameters a Kronecker-factored Laplace approximation covers, and how it sees a
+layer's input and output during a forward pass.
+
+The Laplace classes cover every parameter that requires a gradient.  Each such parameter
+must belong to a supported layer (``torch.nn.Linear`` or an ungrouped, zero-padded
+``torch.nn.Conv2d``); anything else is refused by name.  Freeze a parameter
+(``requires_grad_(False)``) to leave it out of the posterior: it then stays at its trained
+value, as in laplace-torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+import torch
+from torch import nn
+
+from ..curvature import check_layer, output_grads
+
+SUPPORTED = (nn.Linear, nn.Conv2d)
+SUPPORTED_NAMES = "torch.nn.Linear, torch.nn.Conv2d (groups=1, padding_mode='zeros')"
+
+
+@dataclass
+class Block:
+    """One Kronecker-factored block of the posterior precision.
+
+    ``kind`` is ``"weight"`` (the weight matrix of a layer, ``(out, in)`` with ``in`` the
+    flattened fan-in), ``"bias"`` (a bias vector, seen as an ``(out, 1)`` matrix whose input
+    factor is the number 1) or ``"joint"`` (weight and bias together, ``(out, in + 1)``, the
+    bias as an appended input of 1).
+    """
+
+    name: str
+    module: nn.Module
+    module_name: str
+    kind: str
+    params: List[nn.Parameter]
+    out_dim: int
+    in_dim: int
+    # filled by fit(): G (out x out, summed over the data), A (in x in, averaged over the data)
+    G: Optional[torch.Tensor] = None
+    A: Optional[torch.Tensor] = None
+    # eigendecomposition of the factors and (EK-FAC) the second moments in that basis
+    q_out: Optional[torch.Tensor] = None
+    eig_out: Optional[torch.Tensor] = None
+    q_in: Optional[torch.Tensor] = None
+    eig_in: Optional[torch.Tensor] = None
+    scales: Optional[torch.Tensor] = None
+
+    @property
+    def numel(self) -> int:
+        return self.out_dim * self.in_dim
+
+
+def check_module(name: str, module: nn.Module, owner: str) -> None:
+    """Supported layers pass (curvature's ``check_layer`` refuses
+    grouped, transposed and non-zero-padded convolutions by name); any other module with
+    trainable parameters is an error naming it."""
+    if isinstance(module, SUPPORTED) or isinstance(module, nn.modules.conv._ConvTransposeNd):
+        try:
+            check_layer(name, module)
+        except ValueError as e:
+            raise ValueError(f"{owner}: {e}") from None
+        return
+    kind = type(module).__module__ + "." + type(module).__name__
+    raise ValueError(f"{owner}: layer '{name}' ({kind}) has trainable parameters but is not a supported "
+                     f"layer. Supported layers: {SUPPORTED_NAMES}. Freeze its parameters with "
+                     f"requires_grad_(False) to leave them out of the Laplace approximation.")
+
+
+def find_blocks(model: nn.Module, separate_weight_and_bias: bool, owner: str, modules=None) -> List[Block]:
+    """The blocks of the posterior, in the order of ``model.parameters()`` (the order of
+    laplace-torch's parameter vector and per-layer prior precisions).  With ``modules`` (layers
+    or their names), only those layers' trainable parameters are covered; the model's other
+    parameters are held at their values."""
+    named = dict(model.named_modules())
+    chosen = None
+    if modules is not None:
+        by_id = {id(m): n for n, m in named.items()}
+        chosen = set()
+        for item in modules:
+            if isinstance(item, str):
+                if item not in named:
+                    raise ValueError(f"{owner}: modules: {item!r} is not a submodule of the model")
+                item = named[item]
+            if not isinstance(item, nn.Module) or id(item) not in by_id:
+                raise ValueError(f"{owner}: modules must hold submodules of the model or their names, got "
+                                 f"{type(item).__name__}")
+            check_module(by_id[id(item)] or "<model>", item, owner)
+            chosen.add(id(item))
+        if not chosen:
+            raise ValueError(f"{owner}: modules is empty")
+    owner_of: Dict[int, tuple] = {}
+    for mname, mod in model.named_modules():
+        if chosen is not None and id(mod) not in chosen:
+            continue
+        for pname, p in mod.named_parameters(recurse=False):
+            if not p.requires_grad:
+                continue
+            if id(p) in owner_of:
+                raise ValueError(f"{owner}: parameter '{mname}.{pname}' is shared with "
+                                 f"'{owner_of[id(p)][0] or '<model>'}.{owner_of[id(p)][2]}'; shared (tied) "
+                                 f"parameters are not supported")
+            owner_of[id(p)] = (mname, mod, pname)
+    blocks: List[Block] = []
+    seen_modules = set()
+    for p in model.parameters():
+        if not p.requires_grad or id(p) not in owner_of:
+            continue
+        mname, mod, pname = owner_of[id(p)]
+        check_module(mname or "<model>", mod, owner)
+        out_dim = mod.weight.shape[0]
+        in_dim = mod.weight[0].numel()
+        if separate_weight_and_bias or pname == "bias" and not mod.weight.requires_grad \
+                or pname == "weight" and (mod.bias is None or not mod.bias.requires_grad):
+            if pname == "weight":
+                blocks.append(Block(f"{mname}.weight" if mname else "weight", mod, mname, "weight", [p], out_dim,
+                                    in_dim))
+            else:
+                blocks.append(Block(f"{mname}.bias" if mname else "bias", mod, mname, "bias", [p], out_dim, 1))
+        else:
+            if id(mod) in seen_modules:
+                continue
+            seen_modules.add(id(mod))
+            blocks.append(Block(mname or "<model>", mod, mname, "joint", [mod.weight, mod.bias], out_dim, in_dim + 1))
+    if not blocks:
+        raise ValueError(f"{owner}: the model has no parameters that require a gradient")
+    return blocks
+
+
+# ---------------------------------------------------------------------------------------------
+def block_inputs(b: Block, a_full: torch.Tensor) -> torch.Tensor:
+    """The block's input columns ``(B, L, in_blk)`` from the layer's patches with the
+    appended 1 (curvature's :func:`~vmfdist.curvature.input_patches`): the layer input, the
+    1 (bias), or both (joint)."""
+    has_bias = b.module.bias is not None
+    if b.kind == "weight":
+        return a_full[..., :-1] if has_bias else a_full
+    if b.kind == "bias":
+        return a_full[..., -1:]
+    return a_full
+
+
+def batched_output_grads(module: nn.Module, g: torch.Tensor) -> torch.Tensor:
+    """``(C, batch, *out_shape)`` output gradients as ``(C, batch, locations, out)``."""
+    C, B = g.shape[:2]
+    r = output_grads(module, g.reshape((C * B,) + tuple(g.shape[2:])))
+    return r.reshape(C, B, r.shape[1], r.shape[2])
+
+
+class Capture:
+    """Forward hooks that record each covered layer's input and output for one forward
+    pass.  The recorded output is the tensor autograd differentiates against; the layer
+    hands a copy on, so an in-place activation after it cannot modify the recorded one."""
+
+    def __init__(self, modules: List[nn.Module]):
+        self.modules = []
+        for m in modules:
+            if all(m is not k for k in self.modules):
+                self.modules.append(m)
+        self.inputs: Dict[int, List[torch.Tensor]] = {}
+        self.outputs: Dict[int, List[torch.Tensor]] = {}
+        self._handles = []
+
+    def _hook(self, module, inputs, output):
+        if len(inputs) != 1:
+            raise ValueError(f"layer {type(module).__name__} was called with {len(inputs)} positional inputs; "
+                             f"one is supported")
+        self.inputs.setdefault(id(module), []).append(inputs[0])
+        self.outputs.setdefault(id(module), []).append(output)
+        return output.clone()
+
+    def __enter__(self):
+        self.inputs.clear()
+        self.outputs.clear()
+        self._handles = [m.register_forward_hook(self._hook) for m in self.modules]
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        return False

@@ -1,0 +1,352 @@
+r"""Shared machinery of the Bayesian layers: the mode switch, priors stored as buffers,
+and the linear / convolution kernels that evaluate several weight samples at once.
+
+Several weight samples in one call ("folded" evaluation): when a layer's
+``_num_samples`` is ``S > 1`` its input holds ``S`` stacked copies of a batch along
+dimension 0 (shape ``(S * B, ...)``, sample-major).  The layer draws ``S`` weight tensors
+in one call of its sampler and applies sample ``s`` to rows ``s*B .. (s+1)*B - 1`` with one
+batched matrix product (``torch.baddbmm``) or one grouped convolution (the ``S`` samples
+become ``S * groups`` convolution groups).  Layers that are not Bayesian (activations,
+pooling, ``Flatten``, ...) see an ordinary batch of ``S * B`` rows, so any
+``nn.Sequential``-style model is evaluated for all samples in one pass.
+"""
+from __future__ import annotations
+
+import math
+from numbers import Number
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributions import Distribution, Independent, Normal
+
+from ..distributions import Radial, kl_radial_radial
+
+__all__ = ["BayesianModule", "MODES"]
+
+#: The modes of a Bayesian layer: draw weights, use the posterior mean, use the posterior mode.
+MODES = ("sample", "mean", "mode")
+
+
+def _check_mode(mode: str, name: str = "mode") -> str:
+    if mode not in MODES:
+        raise ValueError(f"{name} must be one of {MODES}, got {mode!r}")
+    return mode
+
+
+class _Prior(nn.Module):
+    r"""A prior over one parameter tensor, stored so that ``state_dict`` restores it.
+
+    Accepts a float ``s`` (meaning :math:`\mathcal N(0, s^2)` per element), any
+    ``torch.distributions.Distribution`` whose parameters are tensors (its class is kept,
+    its parameters become persistent buffers named ``param_<name>``; an ``Independent``
+    wrapper is unwrapped and remembered), or an ``nn.Module`` whose ``forward()`` returns a
+    distribution (a learned or hierarchical prior; its own state is saved with it).
+
+    :meth:`distribution` returns the prior over a tensor of a given shape: an elementwise
+    prior is broadcast to the shape and made ``Independent`` over all its dimensions; a
+    prior whose ``batch_shape + event_shape`` already equals the shape (e.g. a
+    :class:`~vmfdist.distributions.radial.Radial` over the whole tensor) is used as it is.
+    """
+
+    def __init__(self, prior, name: str = "prior"):
+        super().__init__()
+        if prior is None:
+            prior = 1.0
+        self._module = None
+        self._name = name
+        if isinstance(prior, bool) or (isinstance(prior, Number) and not isinstance(prior, (int, float))):
+            raise TypeError(f"{name} must be a positive float, a torch.distributions.Distribution or an nn.Module, "
+                            f"got {prior!r}")
+        if isinstance(prior, (int, float)):
+            if not prior > 0 or prior != prior or prior == float("inf"):
+                raise ValueError(f"{name}: a float prior is the standard deviation of N(0, s^2) and must be positive "
+                                 f"and finite, got {prior}")
+            prior = Normal(torch.tensor(0.0), torch.tensor(float(prior)))
+        if isinstance(prior, nn.Module):
+            self._module = prior
+            return
+        if not isinstance(prior, Distribution):
+            raise TypeError(f"{name} must be a positive float, a torch.distributions.Distribution or an nn.Module, "
+                            f"got {type(prior).__name__}")
+        self._ndims = 0
+        base = prior
+        if isinstance(prior, Independent):
+            self._ndims = prior.reinterpreted_batch_ndims
+            base = prior.base_dist
+        self._cls = type(base)
+        self._names = []
+        for key in base.arg_constraints:
+            if key in base.__dict__ and isinstance(base.__dict__[key], torch.Tensor):
+                self.register_buffer("param_" + key, base.__dict__[key].detach().clone())
+                self._names.append(key)
+        if not self._names:
+            raise ValueError(f"{name}: cannot store a {self._cls.__name__} prior (no tensor parameters found)")
+        # rebuild once now so that an unusable prior fails at construction, not in the first step
+        self._build()
+
+    def _build(self) -> Distribution:
+        params = {k: getattr(self, "param_" + k) for k in self._names}
+        return self._cls(**params, validate_args=False)
+
+    def distribution(self, shape: torch.Size) -> Distribution:
+        shape = torch.Size(shape)
+        if self._module is not None:
+            d = self._module()
+        else:
+            d = self._build()
+            if self._ndims:
+                d = Independent(d, self._ndims)
+        full = d.batch_shape + d.event_shape
+        if full == shape and (isinstance(d, Radial) or len(d.event_shape) == len(shape)):
+            return d
+        if len(d.event_shape) == 0:
+            try:
+                d = d.expand(shape)
+            except (RuntimeError, ValueError) as e:
+                raise ValueError(f"{self._name}: a prior of batch shape {tuple(d.batch_shape)} does not broadcast to "
+                                 f"the parameter shape {tuple(shape)}: {e}") from None
+            return Independent(d, len(shape)) if len(shape) else d
+        if full == shape:
+            base = d.base_dist if isinstance(d, Independent) else d
+            return Independent(base, len(shape) - len(base.event_shape)) if len(shape) > len(base.event_shape) else d
+        raise ValueError(f"{self._name}: prior with batch shape {tuple(d.batch_shape)} and event shape "
+                         f"{tuple(d.event_shape)} does not fit a parameter of shape {tuple(shape)}")
+
+    def extra_repr(self) -> str:
+        if self._module is not None:
+            return "module"
+        return f"{self._cls.__name__}({', '.join(self._names)})"
+
+
+def _kl_gaussian_prior_fast(q: Distribution, prior: _Prior, shape) -> Optional[torch.Tensor]:
+    r"""The closed forms for an elementwise Gaussian prior :math:`\mathcal N(m, s^2)` whose
+    parameters broadcast to ``shape``, without materialising the prior at full size:
+
+    * ``Independent(Normal(mu, sigma))``: :math:`\sum_i \log(s_i/\sigma_i) + (\sigma_i^2 + (\mu_i - m_i)^2)/(2 s_i^2) - \tfrac12`;
+    * ``Radial(mu, sigma)`` (:math:`D` elements): :math:`-H[q] + \sum_i \tfrac12\log 2\pi s_i^2 + ((\mu_i - m_i)^2 + \sigma_i^2/D)/(2 s_i^2)`
+
+    (the same formulas as the registered KLs, which the tests check against Monte Carlo).
+    Returns None when the prior is of another kind."""
+    if prior._module is not None or prior._cls is not Normal or prior._ndims:
+        return None
+    m, s = prior.param_loc, prior.param_scale
+    try:
+        torch.broadcast_shapes(m.shape, s.shape, torch.Size(shape))
+    except RuntimeError:
+        return None
+    if torch.broadcast_shapes(m.shape, s.shape, torch.Size(shape)) != torch.Size(shape):
+        return None
+    n = 1
+    for d in shape:
+        n *= d
+    scalar = m.dim() == 0 and s.dim() == 0
+    ref = q.base_dist.loc if isinstance(q, Independent) else getattr(q, "loc", None)
+    if ref is not None:  # the prior's buffers may be float32 under a float64 layer
+        m, s = m.to(ref.dtype), s.to(ref.dtype)
+    if isinstance(q, Independent) and isinstance(q.base_dist, Normal) and q.base_dist.loc.shape == torch.Size(shape):
+        mu, sig = q.base_dist.loc, q.base_dist.scale
+        if scalar:
+            return n * (torch.log(s) - 0.5) + (torch.addcmul(-sig.log(), sig * sig + (mu - m).square(),
+                                                             0.5 / (s * s))).sum()
+        return (torch.log(s / sig) + (sig.square() + (mu - m).square()) / (2 * s * s) - 0.5).sum()
+    if isinstance(q, Radial) and q.loc.shape == torch.Size(shape):
+        mu, sig = q.loc, q.scale
+        if scalar:
+            cross = (0.5 * n * torch.log(2 * math.pi * s * s)
+                     + ((mu - m).square().sum() + sig.square().sum() / n) / (2 * s * s))
+        else:
+            cross = (0.5 * torch.log(2 * math.pi * s * s) + ((mu - m).square() + sig.square() / n) / (2 * s * s)).sum()
+        return cross - q.entropy()
+    return None
+
+
+def kl_to_prior(q: Distribution, prior: _Prior, shape, mc_samples: int) -> torch.Tensor:
+    """KL(q || prior) summed to a scalar: closed form where registered; for a Radial prior
+    (no closed form) the unbiased Monte Carlo estimate with ``mc_samples`` samples."""
+    fast = _kl_gaussian_prior_fast(q, prior, shape)
+    if fast is not None:
+        return fast
+    p = prior.distribution(shape)
+    if isinstance(p, Radial) and isinstance(q, Radial):
+        return kl_radial_radial(q, p, mc_samples)
+    try:
+        return torch.distributions.kl_divergence(q, p).sum()
+    except NotImplementedError as e:
+        raise NotImplementedError(f"{prior._name}: no KL divergence is registered from the posterior "
+                                  f"{type(q).__name__} to the prior {type(p).__name__} ({e}); register one with "
+                                  "torch.distributions.kl.register_kl or choose another prior") from None
+
+
+class BayesianModule(nn.Module):
+    """Base class of the Bayesian layers.
+
+    Every layer has a mode (``"sample"``: draw new weights on every forward, the default;
+    ``"mean"`` / ``"mode"``: use the posterior mean / mode), :meth:`kl_divergence` (a
+    scalar: the sum over all its weights) and ``weight_posterior()`` /
+    ``bias_posterior()`` (distribution objects).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self._mode = "sample"
+        self._num_samples = 1
+
+    # ---- mode ------------------------------------------------------------------
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    def set_mode(self, mode: str) -> "BayesianModule":
+        """Set ``"sample"``, ``"mean"`` or ``"mode"``; returns the layer."""
+        self._mode = _check_mode(mode)
+        return self
+
+    # ---- to be supplied by the layers -----------------------------------------
+    def kl_divergence(self) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def weight_posterior(self) -> Distribution:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def bias_posterior(self) -> Optional[Distribution]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def point_weights(self, use: str) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:  # pragma: no cover
+        """``(weight, bias)`` of the posterior mean (``use="mean"``) or mode (``"mode"``)."""
+        raise NotImplementedError
+
+    def sample_weights(self, num_samples: int) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:  # pragma: no cover
+        """``num_samples`` weight and bias samples stacked on a leading dimension (reparameterised)."""
+        raise NotImplementedError
+
+    # ---- evaluation ------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer applied to ``x`` with sampled weights (mode ``"sample"``) or the posterior
+        mean / mode."""
+        if self._mode != "sample":
+            w, b = self.point_weights(self._mode)
+            return self._apply_weights(x, w, b)
+        return self._forward_sample(x, self._num_samples)
+
+    def _forward_sample(self, x: torch.Tensor, num_samples: int) -> torch.Tensor:
+        w, b = self.sample_weights(num_samples)
+        if num_samples == 1:
+            return self._apply_weights(x, w[0], None if b is None else b[0])
+        return self._apply_folded(x, w, b, num_samples)
+
+    @staticmethod
+    def _split(x: torch.Tensor, num_samples: int) -> int:
+        if x.shape[0] % num_samples:
+            raise ValueError(f"input: the batch dimension ({x.shape[0]}) must hold num_samples={num_samples} stacked "
+                             "copies of the batch")
+        return x.shape[0] // num_samples
+
+
+class _LinearOps:
+    """``F.linear`` on one weight, ``baddbmm`` on a stack of weights."""
+
+    def _check_input(self, x):
+        if x.dim() < 1 or x.shape[-1] != self.in_features:
+            raise ValueError(f"input: expected last dimension in_features={self.in_features}, got shape "
+                             f"{tuple(x.shape)}")
+
+    def _apply_weights(self, x, w, b):
+        self._check_input(x)
+        return F.linear(x, w, b)
+
+    def _apply_folded(self, x, w, b, s):
+        self._check_input(x)
+        if x.dim() < 2:
+            raise ValueError("input: folded evaluation of several samples needs a batch dimension")
+        bsz = BayesianModule._split(x, s)
+        rest = x.shape[1:-1]
+        xs = x.reshape(s, -1, self.in_features)
+        if b is None:
+            out = torch.bmm(xs, w.transpose(1, 2))
+        else:
+            out = torch.baddbmm(b.unsqueeze(1), xs, w.transpose(1, 2))
+        return out.reshape((s * bsz,) + tuple(rest) + (self.out_features,))
+
+
+class _ConvOps:
+    """``F.conv2d`` on one weight; a stack of ``S`` weights as one convolution with
+    ``S * groups`` groups."""
+
+    def _conv(self, x, w, b, groups):
+        return F.conv2d(x, w, b, self.stride, self.padding, self.dilation, groups)
+
+    def _check_input(self, x):
+        if x.dim() not in (3, 4) or x.shape[-3] != self.in_channels:
+            raise ValueError(f"input: expected (N, {self.in_channels}, H, W) or ({self.in_channels}, H, W), got shape "
+                             f"{tuple(x.shape)}")
+
+    def _apply_weights(self, x, w, b):
+        self._check_input(x)
+        return self._conv(x, w, b, self.groups)
+
+    def _apply_folded(self, x, w, b, s):
+        self._check_input(x)
+        if x.dim() != 4:
+            raise ValueError("input: folded evaluation of several samples needs a batch dimension (N, C, H, W)")
+        bsz = BayesianModule._split(x, s)
+        c, h, wd = x.shape[1:]
+        xs = x.reshape(s, bsz, c, h, wd).transpose(0, 1).reshape(bsz, s * c, h, wd)
+        ws = w.reshape((s * self.out_channels,) + tuple(w.shape[2:]))
+        bs = None if b is None else b.reshape(s * self.out_channels)
+        out = self._conv(xs, ws, bs, s * self.groups)
+        oh, ow = out.shape[-2:]
+        return out.reshape(bsz, s, self.out_channels, oh, ow).transpose(0, 1).reshape(s * bsz, self.out_channels, oh, ow)
+
+
+def _pair(v, name):
+    if isinstance(v, int):
+        return (v, v)
+    if isinstance(v, str):
+        return v
+    v = tuple(v)
+    if len(v) != 2 or not all(isinstance(i, int) for i in v):
+        raise ValueError(f"{name} must be an int or a pair of ints, got {v!r}")
+    return v
+
+
+def _conv_setup(layer, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, padding_mode):
+    for name, val in (("in_channels", in_channels), ("out_channels", out_channels), ("groups", groups)):
+        if not isinstance(val, int) or val <= 0:
+            raise ValueError(f"{name} must be a positive int, got {val!r}")
+    if in_channels % groups or out_channels % groups:
+        raise ValueError(f"groups={groups} must divide in_channels={in_channels} and out_channels={out_channels}")
+    if padding_mode != "zeros":
+        raise ValueError(f"padding_mode: only 'zeros' is supported by the Bayesian convolutions, got {padding_mode!r}")
+    layer.in_channels, layer.out_channels = in_channels, out_channels
+    layer.kernel_size = _pair(kernel_size, "kernel_size")
+    layer.stride = _pair(stride, "stride")
+    layer.padding = _pair(padding, "padding")
+    layer.dilation = _pair(dilation, "dilation")
+    layer.groups = groups
+    layer.padding_mode = padding_mode
+    return (out_channels, in_channels // groups) + tuple(layer.kernel_size)
+
+
+def _linear_setup(layer, in_features, out_features):
+    for name, val in (("in_features", in_features), ("out_features", out_features)):
+        if not isinstance(val, int) or val <= 0:
+            raise ValueError(f"{name} must be a positive int, got {val!r}")
+    layer.in_features, layer.out_features = in_features, out_features
+    return (out_features, in_features)
+
+
+def _conv_repr(layer):
+    s = (f"{layer.in_channels}, {layer.out_channels}, kernel_size={layer.kernel_size}, stride={layer.stride}")
+    if layer.padding not in ((0, 0), 0):
+        s += f", padding={layer.padding}"
+    if layer.dilation != (1, 1):
+        s += f", dilation={layer.dilation}"
+    if layer.groups != 1:
+        s += f", groups={layer.groups}"
+    return s
+
+
+def _softplus_inv(x: float) -> float:
+    return x + math.log(-math.expm1(-x))

@@ -1,0 +1,113 @@
+"""Model-level helpers: the KL of a whole model, putting a model in a mode, evaluating several
+weight samples as one batch, and detecting non-finite parameters."""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Tuple
+
+import torch
+from torch import nn
+
+from ._base import BayesianModule, _check_mode
+
+__all__ = ["bayesian_modules", "kl_divergence", "deterministic", "sample_forward", "check_finite"]
+
+
+def bayesian_modules(model: torch.nn.Module) -> Iterator[Tuple[str, BayesianModule]]:
+    """``(name, layer)`` for every Bayesian layer of ``model`` (itself included)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    for name, m in model.named_modules():
+        if isinstance(m, BayesianModule):
+            yield name, m
+
+
+def kl_divergence(model: torch.nn.Module) -> torch.Tensor:
+    """Sum of :meth:`kl_divergence` over all Bayesian layers of ``model`` (a scalar tensor;
+    0 for a model without Bayesian layers)."""
+    total = None
+    for _, m in bayesian_modules(model):
+        kl = m.kl_divergence()
+        total = kl if total is None else total + kl
+    if total is None:
+        p = next(model.parameters(), None)
+        return torch.zeros((), dtype=torch.get_default_dtype() if p is None else p.dtype,
+                           device=None if p is None else p.device)
+    return total
+
+
+@contextlib.contextmanager
+def deterministic(model: torch.nn.Module, use: str = "mean"):
+    """``with deterministic(model, use="mean" | "mode"):`` every Bayesian layer uses its
+    posterior mean (or mode) instead of sampling; the previous modes are restored on exit."""
+    if use not in ("mean", "mode"):
+        raise ValueError(f"use must be 'mean' or 'mode', got {use!r}")
+    layers = list(bayesian_modules(model))
+    old = [m.mode for _, m in layers]
+    try:
+        for _, m in layers:
+            m.set_mode(use)
+        yield model
+    finally:
+        for (_, m), mode in zip(layers, old):
+            m.set_mode(mode)
+
+
+def set_mode(model: torch.nn.Module, mode: str) -> torch.nn.Module:
+    """Put every Bayesian layer of ``model`` in ``mode`` (``"sample"``, ``"mean"``, ``"mode"``)."""
+    _check_mode(mode)
+    for _, m in bayesian_modules(model):
+        m.set_mode(mode)
+    return model
+
+
+@contextlib.contextmanager
+def _folded(model: torch.nn.Module, num_samples: int):
+    layers = [m for _, m in bayesian_modules(model)]
+    old = [m._num_samples for m in layers]
+    try:
+        for m in layers:
+            m._num_samples = num_samples
+        yield
+    finally:
+        for m, n in zip(layers, old):
+            m._num_samples = n
+
+
+def sample_forward(model: torch.nn.Module, x: torch.Tensor, num_samples: int) -> torch.Tensor:
+    """Outputs of ``num_samples`` independent weight samples, evaluated as one batch:
+    ``x`` (batch first) is repeated ``num_samples`` times along dimension 0, every Bayesian
+    layer draws ``num_samples`` weight tensors at once and applies sample ``s`` to copy
+    ``s`` (one batched matmul or grouped convolution), and the result is returned with shape
+    ``(num_samples, batch, ...)``.  Differentiable (use it for a multi-sample ELBO).
+
+    The model must treat dimension 0 of every intermediate tensor as the batch (as
+    ``nn.Sequential`` models of layers, activations, pooling and ``Flatten`` do); layers in
+    ``mean`` / ``mode`` give the same output for every sample.
+    """
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+    if not isinstance(x, torch.Tensor) or x.dim() < 1:
+        raise ValueError("x must be a tensor with a batch dimension")
+    b = x.shape[0]
+    xs = x.unsqueeze(0).expand((num_samples,) + tuple(x.shape)).reshape((num_samples * b,) + tuple(x.shape[1:]))
+    with _folded(model, num_samples):
+        out = model(xs)
+    if out.shape[0] != num_samples * b:
+        raise ValueError(f"model output has leading dimension {out.shape[0]}, expected num_samples * batch = "
+                         f"{num_samples * b}: the model must keep the batch in dimension 0")
+    return out.reshape((num_samples, b) + tuple(out.shape[1:]))
+
+
+def check_finite(module: torch.nn.Module) -> None:
+    """Raise ``FloatingPointError`` naming the first parameter of ``module`` that holds a NaN
+    or an infinity (one device synchronisation for the whole model)."""
+    params = [(n, p) for n, p in module.named_parameters()]
+    if not params:
+        return
+    flags = torch.stack([torch.isfinite(p).all() for _, p in params])
+    if bool(flags.all()):
+        return
+    bad = [n for (n, _), ok in zip(params, flags.tolist()) if not ok]
+    raise FloatingPointError(f"non-finite values in parameter(s) {', '.join(bad)} (after the last optimizer step?): "
+                             "lower the learning rate, check the data, or clip gradients")

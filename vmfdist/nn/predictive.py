@@ -1,0 +1,171 @@
+r"""The Monte Carlo predictive distribution and the usual metrics.
+
+:func:`predict` evaluates ``num_samples`` weight samples as *one* batch (see
+:func:`~vmfdist.nn.sample_forward`) and returns a distribution: for classification a
+:class:`PredictiveCategorical` with the averaged probabilities
+:math:`\bar p = \frac1S\sum_s \mathrm{softmax}(f_{w_s}(x))` (notes 001, §2), for regression a
+mixture over the samples (of Gaussians, or of Student-t's when the noise precision has a
+Gamma posterior).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributions import Categorical as _TorchCategorical
+from torch.distributions import MixtureSameFamily, Normal, StudentT
+
+from .elbo import Categorical, GammaPrecisionGaussian, Gaussian, Likelihood
+from .model import sample_forward
+
+__all__ = ["predict", "PredictiveCategorical", "nll", "log_likelihood", "rmse", "accuracy", "ece",
+           "calibration_bins", "brier_score", "predictive_entropy", "mutual_information", "ood_auroc"]
+
+
+class PredictiveCategorical(_TorchCategorical):
+    """A ``Categorical`` over the averaged class probabilities that also keeps the per-sample
+    probabilities ``sample_probs`` (``(S, B, C)``), for the mutual information."""
+
+    def __init__(self, sample_probs: torch.Tensor, validate_args=None):
+        self.sample_probs = sample_probs
+        super().__init__(probs=sample_probs.mean(0), validate_args=validate_args)
+
+
+@torch.no_grad()
+def predict(model: torch.nn.Module, x: torch.Tensor, num_samples: int = 32, likelihood: Optional[Likelihood] = None):
+    """Monte Carlo predictive of ``model`` at ``x`` from ``num_samples`` weight samples,
+    evaluated as one batch.  ``likelihood``: :class:`Categorical` (default; the output is
+    logits), :class:`Gaussian` or :class:`GammaPrecisionGaussian` (the output is the mean,
+    shape ``(B,)`` or ``(B, 1)``).  The model is evaluated in ``eval()`` mode (restored after).
+    """
+    likelihood = Categorical() if likelihood is None else likelihood
+    was_training = model.training
+    model.eval()
+    try:
+        out = sample_forward(model, x, num_samples)
+    finally:
+        model.train(was_training)
+    if isinstance(likelihood, Categorical):
+        return PredictiveCategorical(F.softmax(out, dim=-1))
+    if out.dim() == 3 and out.shape[-1] == 1:
+        out = out.squeeze(-1)
+    if out.dim() != 2:
+        raise ValueError(f"regression output must be (B,) or (B, 1) per sample, got {tuple(out.shape[1:])}")
+    means = out.transpose(0, 1)  # (B, S)
+    mix = _TorchCategorical(logits=torch.zeros_like(means))
+    if isinstance(likelihood, Gaussian):
+        comp = Normal(means, likelihood.sigma.detach().to(means.dtype).expand_as(means))
+    elif isinstance(likelihood, GammaPrecisionGaussian):
+        a1, b1 = likelihood.log_a1.exp().detach().to(means.dtype), likelihood.log_b1.exp().detach().to(means.dtype)
+        comp = StudentT(2 * a1.expand_as(means), means, torch.sqrt(b1 / a1).expand_as(means))
+    else:
+        raise TypeError(f"likelihood: predict supports Categorical, Gaussian and GammaPrecisionGaussian, got "
+                        f"{type(likelihood).__name__}")
+    return MixtureSameFamily(mix, comp)
+
+
+def _probs(pred) -> torch.Tensor:
+    if isinstance(pred, _TorchCategorical):
+        return pred.probs
+    if isinstance(pred, torch.Tensor):
+        return pred
+    raise TypeError(f"pred must be a Categorical predictive or a tensor of probabilities, got {type(pred).__name__}")
+
+
+def _labels(probs, y):
+    if y.shape != probs.shape[:-1]:
+        raise ValueError(f"y must have shape {tuple(probs.shape[:-1])}, got {tuple(y.shape)}")
+    return y.long()
+
+
+def nll(pred, y) -> torch.Tensor:
+    """Mean negative log predictive density ``-mean log p(y_i | x_i)``."""
+    return -pred.log_prob(y).mean()
+
+
+def log_likelihood(pred, y, y_mean: float = 0.0, y_std: float = 1.0) -> torch.Tensor:
+    r"""Mean test log-likelihood on the *original* target scale, for a predictive over
+    standardised targets :math:`(y - \bar y)/s`: :math:`\log p(y) = \log p_{std}((y - \bar y)/s) - \log s`."""
+    if not y_std > 0:
+        raise ValueError(f"y_std must be positive, got {y_std!r}")
+    return (pred.log_prob((y - y_mean) / y_std) - math.log(y_std)).mean()
+
+
+def rmse(pred, y, y_mean: float = 0.0, y_std: float = 1.0) -> torch.Tensor:
+    """Root mean squared error of the predictive mean, on the original scale."""
+    return ((pred.mean * y_std + y_mean - y).pow(2).mean()).sqrt()
+
+
+def accuracy(pred, y) -> torch.Tensor:
+    p = _probs(pred)
+    return (p.argmax(-1) == _labels(p, y)).to(p.dtype).mean()
+
+
+def calibration_bins(pred, y, num_bins: int = 15):
+    """``(confidence, accuracy, count)`` per equal-width confidence bin on [0, 1] (empty bins
+    have confidence and accuracy 0): the data of a reliability diagram."""
+    p = _probs(pred)
+    y = _labels(p, y)
+    conf, guess = p.max(-1)
+    correct = (guess == y).to(p.dtype)
+    idx = (conf * num_bins).long().clamp(0, num_bins - 1)
+    count = torch.zeros(num_bins, dtype=p.dtype, device=p.device).index_add_(0, idx, torch.ones_like(conf))
+    sconf = torch.zeros_like(count).index_add_(0, idx, conf)
+    sacc = torch.zeros_like(count).index_add_(0, idx, correct)
+    safe = count.clamp_min(1)
+    return sconf / safe, sacc / safe, count
+
+
+def ece(pred, y, num_bins: int = 15) -> torch.Tensor:
+    r"""Expected calibration error with ``num_bins`` equal-width bins (default 15):
+    :math:`\sum_b \frac{n_b}{n}|\mathrm{acc}_b - \mathrm{conf}_b|`."""
+    conf, acc, count = calibration_bins(pred, y, num_bins)
+    return ((acc - conf).abs() * count).sum() / count.sum()
+
+
+def brier_score(pred, y) -> torch.Tensor:
+    r"""Mean over examples of :math:`\sum_c (p_c - 1[y = c])^2`."""
+    p = _probs(pred)
+    onehot = F.one_hot(_labels(p, y), p.shape[-1]).to(p.dtype)
+    return (p - onehot).pow(2).sum(-1).mean()
+
+
+def _entropy(p):
+    return -(p * torch.log(p.clamp_min(torch.finfo(p.dtype).tiny))).sum(-1)
+
+
+def predictive_entropy(pred) -> torch.Tensor:
+    """Entropy of the averaged class probabilities, per example."""
+    return _entropy(_probs(pred))
+
+
+def mutual_information(pred: PredictiveCategorical) -> torch.Tensor:
+    r"""Mutual information between the label and the weights (BALD), per example:
+    :math:`H[\bar p] - \frac1S\sum_s H[p_s]`."""
+    if not isinstance(pred, PredictiveCategorical):
+        raise TypeError("mutual_information needs the per-sample probabilities: pass the result of predict()")
+    return _entropy(pred.probs) - _entropy(pred.sample_probs).mean(0)
+
+
+def ood_auroc(score_in: torch.Tensor, score_out: torch.Tensor) -> torch.Tensor:
+    r"""Area under the ROC curve for telling out-of-distribution inputs (``score_out``) from
+    in-distribution ones (``score_in``) by a score that should be higher out of distribution
+    (e.g. the predictive entropy): :math:`P(s_{out} > s_{in}) + \tfrac12 P(s_{out} = s_{in})`,
+    from the Mann--Whitney rank statistic with average ranks for ties."""
+    score_in, score_out = score_in.reshape(-1), score_out.reshape(-1)
+    n_in, n_out = score_in.numel(), score_out.numel()
+    if n_in == 0 or n_out == 0:
+        raise ValueError("score_in and score_out must both be non-empty")
+    allv = torch.cat([score_in, score_out]).to(torch.float64)
+    order = torch.argsort(allv, stable=True)
+    sorted_v = allv[order]
+    _, inverse, counts = torch.unique_consecutive(sorted_v, return_inverse=True, return_counts=True)
+    ends = torch.cumsum(counts, 0).to(torch.float64)
+    avg_rank = ends - (counts.to(torch.float64) - 1) / 2  # 1-based average rank of each tie block
+    ranks = torch.empty_like(allv)
+    ranks[order] = avg_rank[inverse]
+    r_out = ranks[n_in:].sum()
+    return (r_out - n_out * (n_out + 1) / 2) / (n_in * n_out)
