@@ -18,10 +18,13 @@ fi
 PY="$VENV/bin/python"
 REQS="${VMFDIST_TORCH:-torch==2.14.1} numpy scipy mpmath hypothesis pytest ninja setuptools wheel matplotlib scikit-learn"
 STAMP="$VENV/.vmfdist-setup"
-STATE="$REQS | $(cat pyproject.toml setup.py | cksum)"
+STATE="$REQS | $(cat pyproject.toml setup.py benchmarks/requirements-kron.txt | cksum)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$STATE" ]; then
   # shellcheck disable=SC2086
   "$PY" -m pip install -q $REQS
+  # the peers the tests compare against (laplace-torch's KronLaplace, curvlinops' K-FAC,
+  # torchmetrics), pinned and without dependencies: pip's resolver would replace torch
+  "$PY" -m pip install -q --no-deps -r benchmarks/requirements-kron.txt
   # the Python package only, editable (a plain `pip install -e .` would compile the
   # extension in a fresh temporary folder every time)
   VMFDIST_SKIP_EXTENSION=1 "$PY" -m pip install -q --no-build-isolation --no-deps -e .
