@@ -120,27 +120,35 @@ def report(res: dict, before: str, after: str) -> str:
     return "\n".join(lines)
 
 
+def render(res: dict) -> str:
+    """docs/benchmarks/broadcast.md from the recorded JSON (tests/test_benchmarks.py checks it)."""
+    return ("# Broadcasting without copies\n\n"
+            "The elementwise ops used to broadcast by `expand(...).contiguous()`, so orders of shape (2000, 1)\n"
+            "against arguments of shape (1, 10000) allocated both inputs at the output's size.  They now\n"
+            "broadcast through `at::TensorIterator` strides (`csrc/host/elementwise_host.h`).  Below,\n"
+            "*before* is a build of main without that change and *after* this tree, measured in the same run\n"
+            f"by `python benchmarks/bench_broadcast.py --before MAIN --rounds {res['rounds']} --write` (each figure the\n"
+            "best of the rounds; float64, CPU, torch's default thread count).\n\n"
+            + __doc__[__doc__.index("* Peak"):__doc__.index("    python benchmarks")].strip() + "\n\n"
+            + report(res, "before", "after") + "\n"
+            + (f"\n{res['notes']}\n" if res.get("notes") else ""))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--before", required=True, help="source tree of the build to compare against")
     p.add_argument("--after", default=str(ROOT), help="source tree of the build measured (default: this one)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--write", action="store_true", help="write docs/benchmarks/broadcast.{json,md}")
+    p.add_argument("--notes", default="", help="a paragraph on reading the numbers, kept in the JSON and the page")
     a = p.parse_args()
     res = measure({"before": a.before, "after": a.after}, a.rounds)
     print(report(res, "before", "after"))
+    res["rounds"] = a.rounds
+    res["notes"] = a.notes
     if a.write:
         (ROOT / "docs" / "benchmarks" / "broadcast.json").write_text(json.dumps(res, indent=1) + "\n")
-        (ROOT / "docs" / "benchmarks" / "broadcast.md").write_text(
-            "# Broadcasting without copies\n\n"
-            "The elementwise ops used to broadcast by `expand(...).contiguous()`, so orders of shape (2000, 1)\n"
-            "against arguments of shape (1, 10000) allocated both inputs at the output's size.  They now\n"
-            "broadcast through `at::TensorIterator` strides (`csrc/host/elementwise_host.h`).  Below,\n"
-            "*before* is a build of main without that change and *after* this tree, measured in the same run\n"
-            f"by `python benchmarks/bench_broadcast.py --before MAIN --rounds {a.rounds} --write` (each figure the\n"
-            "best of the rounds; float64, CPU, torch's default thread count).\n\n"
-            + __doc__[__doc__.index("* Peak"):__doc__.index("    python benchmarks")].strip() + "\n\n"
-            + report(res, "before", "after") + "\n")
+        (ROOT / "docs" / "benchmarks" / "broadcast.md").write_text(render(res))
 
 
 if __name__ == "__main__":
