@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <tuple>
 
 #include <type_traits>
@@ -16,6 +17,7 @@
 #include "vmfdist/fast_normal.h"
 #include "host/tensor_checks.h"
 #include "vmfdist/vmf.h"
+#include "host/random_state.h"
 #include "host/vmf_checks.h"
 
 namespace vmfdist {
@@ -68,14 +70,9 @@ void finish_row(const scalar_t* mu, double kappa, const vmf::Wood& p, int64_t d,
   double ee = 0.0, me = 0.0, mm = 0.0;
   row_sums<scalar_t>(x + 1, mu + 1, nt, &ee, &me, &mm);
   mm += static_cast<double>(mu[0]) * static_cast<double>(mu[0]);
-  const double inv_mu = 1.0 / std::sqrt(mm);
-  const double scale = std::sqrt(m.omw * m.opw) / std::sqrt(ee);  // y_i = scale e_i
-  const vmf::Reflection r = vmf::reflection(static_cast<double>(mu[0]) * inv_mu);
-  const double sigma = m.w * r.den - r.sgn * scale * me * inv_mu;
-  const double c = sigma / r.den * inv_mu;  // sigma / den, times the normalisation of mu_i
-  x[0] = static_cast<scalar_t>(r.sgn * (m.w - sigma));
-  const double sy = r.sgn * scale;
-  row_rotate<scalar_t>(x + 1, mu + 1, nt, sy, c);
+  const vmf::RowRotation t = vmf::row_rotation(m.w, m.omw, m.opw, ee, me, mm, static_cast<double>(mu[0]));
+  x[0] = static_cast<scalar_t>(t.x0);
+  row_rotate<scalar_t>(x + 1, mu + 1, nt, t.sy, t.c);
   *omw_out = static_cast<scalar_t>(m.omw);
 }
 
@@ -124,8 +121,12 @@ void sample_rows(const scalar_t* pm, const scalar_t* pk, int64_t B, int64_t d, u
 }
 
 std::tuple<at::Tensor, at::Tensor> vmf_sample_cpu(const at::Tensor& loc_in, const at::Tensor& kappa_in,
-                                                  int64_t num_samples, int64_t seed, int64_t offset) {
-  check_vmf_sample_args(loc_in, kappa_in, num_samples, offset);
+                                                  c10::SymInt num_samples_in, std::optional<at::Generator> generator,
+                                                  std::optional<int64_t> seed_in, std::optional<int64_t> offset_in) {
+  const int64_t num_samples = num_samples_in.expect_int();
+  check_vmf_sample_args(loc_in, kappa_in, num_samples);
+  const SeedOffset so = cpu_seed_offset("vmf_sample", generator, seed_in, offset_in, 2);
+  const uint64_t seed = so.seed, offset = so.offset;
   const at::Tensor loc = loc_in.contiguous(), kappa = kappa_in.contiguous();
   const int64_t B = loc.size(0), d = loc.size(1);
   at::Tensor x = at::empty({num_samples, B, d}, loc.options());
@@ -139,8 +140,7 @@ std::tuple<at::Tensor, at::Tensor> vmf_sample_cpu(const at::Tensor& loc_in, cons
     scalar_t* px = x.mutable_data_ptr<scalar_t>();
     scalar_t* po = omw.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-      sample_rows<scalar_t>(pm, pk, B, d, static_cast<uint64_t>(seed), static_cast<uint64_t>(offset), begin, end,
-                            px, po);
+      sample_rows<scalar_t>(pm, pk, B, d, seed, offset, begin, end, px, po);
     });
   });
   return {x, omw};

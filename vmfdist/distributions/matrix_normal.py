@@ -108,8 +108,11 @@ def _common(named: dict):
 
 def _cholesky(name: str, cov: torch.Tensor) -> torch.Tensor:
     tril, info = torch.linalg.cholesky_ex(cov)
-    if bool((info != 0).any()):
-        raise ValueError(f"{name} is not positive definite (its Cholesky factorisation failed)")
+    msg = f"{name} is not positive definite (its Cholesky factorisation failed)"
+    if torch.compiler.is_compiling():  # a data-dependent branch cannot be traced: check inside the graph
+        torch._assert_async((info == 0).all(), msg)
+    elif bool((info != 0).any()):
+        raise ValueError(msg)
     return tril
 
 

@@ -37,7 +37,7 @@ import torch
 from torch.distributions import Distribution, constraints
 
 from .._ops import lib
-from .._ops.random import draw_seed_offset
+from .._ops.random import call_sampler
 from ._constants import EULER_GAMMA, LOG_2PI
 from .von_mises_fisher import log_sphere_area
 
@@ -59,13 +59,9 @@ def radial_noise(loc: torch.Tensor, scale: torch.Tensor, sample_shape=torch.Size
     if not dtype.is_floating_point:
         dtype = torch.get_default_dtype()
     loc, scale = loc.to(dtype), scale.to(dtype)
-    sample_shape = torch.Size(sample_shape)
-    n = 1
-    for s in sample_shape:
-        n *= s
-    seed, offset = draw_seed_offset(generator, loc.device)
-    out, _ = lib.radial_noise(loc, scale, n, seed, offset, bool(rowwise))
-    return out.reshape(sample_shape + loc.shape)
+    out, _, _ = call_sampler("radial_noise", lib.radial_noise, loc, scale, sample_shape=sample_shape,
+                             generator=generator, streams=2, rowwise=bool(rowwise))
+    return out
 
 
 class Radial(Distribution):
