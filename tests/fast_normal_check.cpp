@@ -20,23 +20,23 @@ int main(int argc, char** argv) {
   if (argc == 6) {
     const int64_t nrows = std::strtoll(argv[5], nullptr, 10);
     const uint32_t nb = static_cast<uint32_t>((n + 3) / 4);
-    const int64_t lanes = 4 * vmfdist::fastnorm::kLanes;
+    const int64_t lanes = 4 * vmfdist::fast_normal::kLanes;
     std::vector<float> rows(((4 * nb * nrows + lanes - 1) / lanes) * lanes);
-    vmfdist::fastnorm::normals_f32_rows(seed, offset, row, nrows, nb, rows.data());
+    vmfdist::fast_normal::normals_f32_rows(seed, offset, row, nrows, nb, rows.data());
     for (int64_t r = 0; r < nrows; ++r) {
       for (int64_t i = 0; i < n; i += 4) {
         float z[4];
-        vmfdist::fastnorm::normal4_f32(seed, offset, row + r, static_cast<uint32_t>(i / 4), z);
+        vmfdist::fast_normal::normal4_f32(seed, offset, row + r, static_cast<uint32_t>(i / 4), z);
         for (int64_t k = 0; k < 4 && i + k < n; ++k) std::printf("%a %a\n", rows[4 * nb * r + i + k], z[k]);
       }
     }
     return 0;
   }
   std::vector<float> batch(n);
-  vmfdist::fastnorm::normals_f32(seed, offset, row, 0, n, batch.data());
+  vmfdist::fast_normal::normals_f32(seed, offset, row, 0, n, batch.data());
   for (int64_t i = 0; i < n; i += 4) {
     float z[4];
-    vmfdist::fastnorm::normal4_f32(seed, offset, row, static_cast<uint32_t>(i / 4), z);
+    vmfdist::fast_normal::normal4_f32(seed, offset, row, static_cast<uint32_t>(i / 4), z);
     for (int64_t k = 0; k < 4 && i + k < n; ++k) std::printf("%a %a\n", batch[i + k], z[k]);
   }
   return 0;

@@ -50,7 +50,7 @@ VMF_TARGET_CLONES void noise_row(scalar_t* z, const scalar_t* s, int64_t in, uin
   using opmath_t = at::opmath_type<scalar_t>;
   const opmath_t p = static_cast<opmath_t>(power);
   if constexpr (std::is_same_v<scalar_t, float>) {
-    fastnorm::normals_f32(seed, offset, row, 0, in, z);
+    fast_normal::normals_f32(seed, offset, row, 0, in, z);
     for (int64_t j = 0; j < in; ++j) z[j] = z[j] * kron::spow<M>(s[j], p);
   } else {
     for (int64_t j = 0; j < in; j += 4) {

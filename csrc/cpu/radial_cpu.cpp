@@ -68,7 +68,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> radial_noise_cpu(const at::Tensor
         const int64_t start = c * kRadialChunk;
         const int64_t n = std::min(kRadialChunk, lay.length - start);
         scalar_t* dst = po + t * lay.length + start;  // (s, g) is contiguous: t * L
-        fastnorm::fill_normals<scalar_t>(sd, of, static_cast<uint64_t>(t), static_cast<uint32_t>(start / 4), n, dst);
+        fast_normal::fill_normals<scalar_t>(sd, of, static_cast<uint64_t>(t), static_cast<uint32_t>(start / 4), n, dst);
         partial[static_cast<size_t>(u)] = sum_squares(dst, n);
       }
     });
@@ -129,7 +129,7 @@ at::Tensor radial_noise_scale_grad_cpu(const at::Tensor& grad_in, const at::Tens
         std::fill(acc.begin(), acc.begin() + n, 0.0);
         for (int64_t s = 0; s < S; ++s) {
           const int64_t t = s * lay.groups + g;
-          fastnorm::fill_normals<scalar_t>(sd, of, static_cast<uint64_t>(t), static_cast<uint32_t>(start / 4), n,
+          fast_normal::fill_normals<scalar_t>(sd, of, static_cast<uint64_t>(t), static_cast<uint32_t>(start / 4), n,
                                            eps.data());
           const double k = pc[t];
           const scalar_t* gs = pg + s * event + j0;

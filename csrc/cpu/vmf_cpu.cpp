@@ -95,19 +95,19 @@ void sample_rows(const scalar_t* pm, const scalar_t* pk, int64_t B, int64_t d, u
   const double dd = static_cast<double>(d);
   double kappa_cached = NAN;
   vmf::Wood wood{};
-  float buf[kRowGroup * kShortRow + 4 * fastnorm::kLanes];
+  float buf[kRowGroup * kShortRow + 4 * fast_normal::kLanes];
   const bool short_rows = std::is_same_v<scalar_t, float> && nt <= kShortRow;
   const uint32_t nb = static_cast<uint32_t>((nt + 3) / 4);
   for (int64_t g = begin; g < end; g += kRowGroup) {
     const int64_t rows = std::min<int64_t>(kRowGroup, end - g);
-    if (short_rows) fastnorm::normals_f32_rows(seed, offset + 1, static_cast<uint64_t>(g), rows, nb, buf);
+    if (short_rows) fast_normal::normals_f32_rows(seed, offset + 1, static_cast<uint64_t>(g), rows, nb, buf);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t row = g + r;
       scalar_t* x = px + row * d;
       if (short_rows) {
         std::memcpy(x + 1, buf + 4 * nb * r, sizeof(float) * nt);  // scalar_t is float here
       } else {
-        fastnorm::fill_normals<scalar_t>(seed, offset + 1, static_cast<uint64_t>(row), 0, nt, x + 1);
+        fast_normal::fill_normals<scalar_t>(seed, offset + 1, static_cast<uint64_t>(row), 0, nt, x + 1);
       }
       const int64_t b = row % B;
       const double kappa = static_cast<double>(pk[b]);

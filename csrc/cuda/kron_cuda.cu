@@ -12,6 +12,7 @@
 
 #include "vmfdist/kron.h"
 #include "host/kron_host.h"
+#include "cuda/launch.cuh"
 
 namespace vmfdist {
 namespace {
@@ -19,21 +20,15 @@ namespace {
 using kron::BatchOffsets;
 using kron::PowMode;
 
-constexpr int kThreads = 256;
-
-inline int blocks_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  const int64_t cap = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 32;
-  return static_cast<int>(b < cap ? (b > 0 ? b : 1) : cap);
-}
+using launch::blocks_for;
+using launch::kThreads;
 
 template <PowMode M, typename scalar_t>
 __global__ void scale_mul_kernel(scalar_t* __restrict__ t, const scalar_t* __restrict__ s, BatchOffsets offs,
                                  int64_t per_batch, int64_t n, double power) {
   using opmath_t = at::opmath_type<scalar_t>;
   const opmath_t p = static_cast<opmath_t>(power);
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+  for (int64_t i : launch::grid_stride(n)) {
     const int64_t b = i / per_batch;
     const int64_t k = i - b * per_batch;
     kron::scale_mul_stretch<M, scalar_t, opmath_t>(t + i, s + offs(b) + k, 1, p);
@@ -48,8 +43,7 @@ __global__ void noise_kernel(scalar_t* __restrict__ z, const scalar_t* __restric
   const opmath_t p = static_cast<opmath_t>(power);
   const int64_t nblk = (in + 3) / 4;
   const int64_t n = rows * nblk;
-  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
-       idx += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+  for (int64_t idx : launch::grid_stride(n)) {
     const int64_t r = idx / nblk;
     const int64_t j = idx - r * nblk;
     const int64_t b = r / out, i = r - b * out;
@@ -72,7 +66,7 @@ struct CudaBackend {
     if (n == 0) return;
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.scalar_type(), "kron_eigen_matvec", [&] {
       kron::dispatch_pow_mode(kron::pow_mode(power), [&]<PowMode M>() {
-        scale_mul_kernel<M, scalar_t><<<blocks_for(n), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        scale_mul_kernel<M, scalar_t><<<blocks_for(n), kThreads, 0, launch::stream()>>>(
             t.mutable_data_ptr<scalar_t>(), s.const_data_ptr<scalar_t>(), offs, out * in, n, power);
       });
     });
@@ -87,7 +81,7 @@ struct CudaBackend {
     if (n == 0) return;
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, z.scalar_type(), "kron_eigen_noise", [&] {
       kron::dispatch_pow_mode(kron::pow_mode(power), [&]<PowMode M>() {
-        noise_kernel<M, scalar_t><<<blocks_for(n), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        noise_kernel<M, scalar_t><<<blocks_for(n), kThreads, 0, launch::stream()>>>(
             z.mutable_data_ptr<scalar_t>(), s.const_data_ptr<scalar_t>(), offs, out, in, rows, seed, offset, power);
       });
     });

@@ -14,24 +14,20 @@
 
 #include "vmfdist/radial.h"
 #include "host/radial_checks.h"
+#include "cuda/launch.cuh"
 
 namespace vmfdist {
 namespace {
 
 using radial::kRadialChunk;
-constexpr int kThreads = 256;
-
-inline int grid_for(int64_t items, int64_t per_block) {
-  const int64_t b = (items + per_block - 1) / per_block;
-  const int64_t cap = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 32;
-  return static_cast<int>(b < cap ? (b > 0 ? b : 1) : cap);
-}
+using launch::blocks_for;
+using launch::kThreads;
 
 template <class scalar_t>
 __global__ void radial_pass1(scalar_t* __restrict__ out, double* __restrict__ partial, int64_t units,
                              int64_t nchunk, int64_t length, uint64_t seed, uint64_t offset) {
   __shared__ double red[kThreads];
-  for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+  for (int64_t u : launch::block_stride(units)) {
     const int64_t t = u / nchunk, c = u % nchunk;
     const int64_t start = c * kRadialChunk;
     const int64_t n = min(kRadialChunk, length - start);
@@ -39,7 +35,7 @@ __global__ void radial_pass1(scalar_t* __restrict__ out, double* __restrict__ pa
     double acc = 0.0;
     for (int64_t q = threadIdx.x; 4 * q < n; q += blockDim.x) {
       double z[4];
-      fastnorm::normal4_for<scalar_t>(seed, offset, static_cast<uint64_t>(t), static_cast<uint32_t>((start >> 2) + q), z);
+      fast_normal::normal4_for<scalar_t>(seed, offset, static_cast<uint64_t>(t), static_cast<uint32_t>((start >> 2) + q), z);
       for (int k = 0; k < 4; ++k) {
         const int64_t i = 4 * q + k;
         if (i < n) {
@@ -63,8 +59,7 @@ __global__ void radial_pass1(scalar_t* __restrict__ out, double* __restrict__ pa
 
 __global__ void radial_coef(const double* __restrict__ partial, double* __restrict__ coef, int64_t streams,
                             int64_t nchunk, uint64_t seed, uint64_t offset) {
-  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < streams;
-       t += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+  for (int64_t t : launch::grid_stride(streams)) {
     double ss = 0.0;
     for (int64_t c = 0; c < nchunk; ++c) ss += partial[t * nchunk + c];
     coef[t] = radial::group_coef(seed, offset, static_cast<uint64_t>(t), ss);
@@ -75,8 +70,7 @@ template <class scalar_t>
 __global__ void radial_pass2(scalar_t* __restrict__ out, const scalar_t* __restrict__ loc,
                              const scalar_t* __restrict__ scale, const double* __restrict__ coef, int64_t total,
                              int64_t length, int64_t event) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+  for (int64_t i : launch::grid_stride(total)) {
     const int64_t j = i % event;  // position in the event
     const int64_t t = i / length;  // stream index s * groups + g
     out[i] = static_cast<scalar_t>(static_cast<double>(loc[j]) +
@@ -89,14 +83,13 @@ __global__ void radial_scale_grad_kernel(const scalar_t* __restrict__ grad, cons
                                          scalar_t* __restrict__ out, int64_t S, int64_t groups, int64_t length,
                                          uint64_t seed, uint64_t offset) {
   const int64_t event = groups * length;
-  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < event;
-       j += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+  for (int64_t j : launch::grid_stride(event)) {
     const int64_t g = j / length, k = j % length;
     double acc = 0.0;
     for (int64_t s = 0; s < S; ++s) {
       const int64_t t = s * groups + g;
       double z[4];
-      fastnorm::normal4_for<scalar_t>(seed, offset, static_cast<uint64_t>(t), static_cast<uint32_t>(k >> 2), z);
+      fast_normal::normal4_for<scalar_t>(seed, offset, static_cast<uint64_t>(t), static_cast<uint32_t>(k >> 2), z);
       const double e = static_cast<double>(static_cast<scalar_t>(z[k & 3]));
       acc += static_cast<double>(grad[s * event + j]) * (e * coef[t]);
     }
@@ -117,16 +110,16 @@ std::tuple<at::Tensor, at::Tensor> radial_noise_cuda(const at::Tensor& loc_in, c
   const int64_t units = streams * nchunk;
   at::Tensor partial = at::empty({units}, loc.options().dtype(at::kDouble));
   const uint64_t sd = static_cast<uint64_t>(seed), of = static_cast<uint64_t>(offset);
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = launch::stream();
   const int64_t event = lay.groups * lay.length;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, loc.scalar_type(), "radial_noise", [&] {
-    radial_pass1<scalar_t><<<grid_for(units, 1), kThreads, 0, stream>>>(
+    radial_pass1<scalar_t><<<blocks_for(units, 1), kThreads, 0, stream>>>(
         out.mutable_data_ptr<scalar_t>(), partial.mutable_data_ptr<double>(), units, nchunk, lay.length, sd, of);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    radial_coef<<<grid_for(streams, kThreads), kThreads, 0, stream>>>(
+    radial_coef<<<blocks_for(streams), kThreads, 0, stream>>>(
         partial.const_data_ptr<double>(), coef.mutable_data_ptr<double>(), streams, nchunk, sd, of);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    radial_pass2<scalar_t><<<grid_for(streams * lay.length, kThreads), kThreads, 0, stream>>>(
+    radial_pass2<scalar_t><<<blocks_for(streams * lay.length), kThreads, 0, stream>>>(
         out.mutable_data_ptr<scalar_t>(), loc.const_data_ptr<scalar_t>(), scale.const_data_ptr<scalar_t>(),
         coef.const_data_ptr<double>(), streams * lay.length, lay.length, event);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -144,7 +137,7 @@ at::Tensor radial_noise_scale_grad_cuda(const at::Tensor& grad_in, const at::Ten
   const int64_t event = lay.groups * lay.length;
   if (event == 0) return out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "radial_noise_scale_grad", [&] {
-    radial_scale_grad_kernel<scalar_t><<<grid_for(event, kThreads), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+    radial_scale_grad_kernel<scalar_t><<<blocks_for(event), kThreads, 0, launch::stream()>>>(
         grad.const_data_ptr<scalar_t>(), coef.const_data_ptr<double>(), out.mutable_data_ptr<scalar_t>(),
         grad.size(0), lay.groups, lay.length, static_cast<uint64_t>(seed), static_cast<uint64_t>(offset));
   });

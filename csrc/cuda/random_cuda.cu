@@ -12,30 +12,24 @@
 
 #include "host/random_checks.h"
 #include "vmfdist/random_ops.h"
+#include "cuda/launch.cuh"
 
 namespace vmfdist {
 namespace {
 
-constexpr int kThreads = 256;
-
-inline int blocks_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  const int64_t cap = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 32;
-  return static_cast<int>(b < cap ? (b > 0 ? b : 1) : cap);
-}
+using launch::blocks_for;
+using launch::kThreads;
 
 __global__ void philox4x32_kernel(const int64_t* __restrict__ ctr, const int64_t* __restrict__ key,
                                   int64_t* __restrict__ out, int64_t n, int rounds) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+  for (int64_t i : launch::grid_stride(n)) {
     philox4x32_row(ctr + 4 * i, key + 2 * i, rounds, out + 4 * i);
   }
 }
 
 template <class scalar_t, class Fn>
 __global__ void fill_kernel(scalar_t* __restrict__ out, int64_t n, Fn fn) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+  for (int64_t i : launch::grid_stride(n)) {
     out[i] = fn(static_cast<uint64_t>(i));
   }
 }
@@ -47,7 +41,7 @@ at::Tensor philox4x32_cuda(const at::Tensor& counter_in, const at::Tensor& key_i
   const int64_t n = counter.size(0);
   at::Tensor out = at::empty({n, 4}, counter.options());
   if (n == 0) return out;
-  philox4x32_kernel<<<blocks_for(n), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+  philox4x32_kernel<<<blocks_for(n), kThreads, 0, launch::stream()>>>(
       counter.const_data_ptr<int64_t>(), key.const_data_ptr<int64_t>(), out.mutable_data_ptr<int64_t>(), n,
       static_cast<int>(rounds));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -65,7 +59,7 @@ at::Tensor philox_fill_cuda(const char* op, c10::SymIntArrayRef size_in, int64_t
   if (n == 0) return out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "vmfdist_philox_fill", [&] {
     const Fn<scalar_t> fn{static_cast<uint64_t>(seed), static_cast<uint64_t>(offset)};
-    fill_kernel<scalar_t><<<blocks_for(n), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+    fill_kernel<scalar_t><<<blocks_for(n), kThreads, 0, launch::stream()>>>(
         out.mutable_data_ptr<scalar_t>(), n, fn);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();

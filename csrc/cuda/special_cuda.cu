@@ -8,23 +8,18 @@
 
 #include "vmfdist/special_ops.h"
 #include "host/tensor_checks.h"
+#include "cuda/launch.cuh"
 
 namespace vmfdist {
 namespace {
 
-constexpr int kThreads = 256;
-
-inline int blocks_for(int64_t n) {
-  int64_t b = (n + kThreads - 1) / kThreads;
-  int64_t cap = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 32;
-  return static_cast<int>(b < cap ? (b > 0 ? b : 1) : cap);
-}
+using launch::blocks_for;
+using launch::kThreads;
 
 template <class scalar_t, class Fn>
 __global__ void binary_kernel(const scalar_t* __restrict__ nu, const scalar_t* __restrict__ z,
                               scalar_t* __restrict__ out, int64_t n, Fn fn) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+  for (int64_t i : launch::grid_stride(n)) {
     out[i] = static_cast<scalar_t>(fn(static_cast<double>(nu[i]), static_cast<double>(z[i])));
   }
 }
@@ -32,8 +27,7 @@ __global__ void binary_kernel(const scalar_t* __restrict__ nu, const scalar_t* _
 template <class scalar_t, class Fn>
 __global__ void bounds_kernel(const scalar_t* __restrict__ nu, const scalar_t* __restrict__ z,
                               scalar_t* __restrict__ lo, scalar_t* __restrict__ hi, int64_t n, Fn fn) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+  for (int64_t i : launch::grid_stride(n)) {
     double l, h;
     fn(static_cast<double>(nu[i]), static_cast<double>(z[i]), &l, &h);
     lo[i] = static_cast<scalar_t>(l);
@@ -49,7 +43,7 @@ at::Tensor unary_out_cuda(const at::Tensor& nu_in, const at::Tensor& z_in, const
   const int64_t n = nu.numel();
   if (n == 0) return out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, nu.scalar_type(), "vmfdist_special", [&] {
-    binary_kernel<scalar_t><<<blocks_for(n), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+    binary_kernel<scalar_t><<<blocks_for(n), kThreads, 0, launch::stream()>>>(
         nu.const_data_ptr<scalar_t>(), z.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), n, fn);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -88,7 +82,7 @@ std::tuple<at::Tensor, at::Tensor> bessel_iv_ratio_bounds_cuda(const at::Tensor&
   if (n == 0) return {lo, hi};
   const IvRatioBoundsFn fn{static_cast<int>(theorem)};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, nu.scalar_type(), "bessel_iv_ratio_bounds", [&] {
-    bounds_kernel<scalar_t><<<blocks_for(n), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+    bounds_kernel<scalar_t><<<blocks_for(n), kThreads, 0, launch::stream()>>>(
         nu.const_data_ptr<scalar_t>(), z.const_data_ptr<scalar_t>(), lo.mutable_data_ptr<scalar_t>(),
         hi.mutable_data_ptr<scalar_t>(), n, fn);
   });

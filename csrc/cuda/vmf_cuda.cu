@@ -21,18 +21,14 @@
 #include "host/tensor_checks.h"
 #include "vmfdist/vmf.h"
 #include "host/vmf_checks.h"
+#include "cuda/launch.cuh"
 
 namespace vmfdist {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarp = 32;
-
-inline int blocks_for(int64_t work_items, int64_t per_block) {
-  const int64_t b = (work_items + per_block - 1) / per_block;
-  const int64_t cap = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 32;
-  return static_cast<int>(b < cap ? (b > 0 ? b : 1) : cap);
-}
+using launch::blocks_for;
+using launch::kThreads;
+using launch::kWarp;
 
 __device__ inline double warp_sum(double v) {
   for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -44,18 +40,16 @@ __global__ void vmf_sample_kernel(const scalar_t* __restrict__ loc, const scalar
                                   scalar_t* __restrict__ x, scalar_t* __restrict__ omw_out, int64_t rows,
                                   int64_t B, int64_t d, uint64_t seed, uint64_t offset) {
   const int lane = threadIdx.x & (kWarp - 1);
-  const int64_t warp = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kWarp;
-  const int64_t nwarps = (static_cast<int64_t>(gridDim.x) * blockDim.x) / kWarp;
   const int64_t nt = d - 1;
   const int64_t nblk = (nt + 3) / 4;
-  for (int64_t row = warp; row < rows; row += nwarps) {
+  for (int64_t row : launch::warp_stride(rows)) {
     const int64_t b = row % B;
     const scalar_t* mu = loc + b * d;
     scalar_t* xr = x + row * d;
     double ee = 0.0, me = 0.0, mm = 0.0;
     for (int64_t j = lane; j < nblk; j += kWarp) {
       double z[4];
-      fastnorm::normal4_for<scalar_t>(seed, offset + 1, static_cast<uint64_t>(row), static_cast<uint32_t>(j), z);
+      fast_normal::normal4_for<scalar_t>(seed, offset + 1, static_cast<uint64_t>(row), static_cast<uint32_t>(j), z);
       for (int k = 0; k < 4; ++k) {
         const int64_t idx = 4 * j + k;
         if (idx < nt) {
@@ -110,8 +104,7 @@ __global__ void vmf_sample_kernel(const scalar_t* __restrict__ loc, const scalar
 template <class scalar_t>
 __global__ void vmf_marginal_grad_kernel(const scalar_t* __restrict__ omw, const scalar_t* __restrict__ kappa,
                                          scalar_t* __restrict__ out, int64_t n, double d) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+  for (int64_t i : launch::grid_stride(n)) {
     out[i] = static_cast<scalar_t>(vmf::dw_dkappa(static_cast<double>(omw[i]), static_cast<double>(kappa[i]), d));
   }
 }
@@ -128,7 +121,7 @@ std::tuple<at::Tensor, at::Tensor> vmf_sample_cuda(const at::Tensor& loc_in, con
   if (rows == 0) return {x, omw};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, loc.scalar_type(), "vmf_sample", [&] {
     vmf_sample_kernel<scalar_t><<<blocks_for(rows, kThreads / kWarp), kThreads, 0,
-                                  at::cuda::getCurrentCUDAStream()>>>(
+                                  launch::stream()>>>(
         loc.const_data_ptr<scalar_t>(), kappa.const_data_ptr<scalar_t>(), x.mutable_data_ptr<scalar_t>(),
         omw.mutable_data_ptr<scalar_t>(), rows, B, d, static_cast<uint64_t>(seed), static_cast<uint64_t>(offset));
   });
@@ -144,7 +137,7 @@ at::Tensor vmf_marginal_grad_cuda(const at::Tensor& omw_in, const at::Tensor& ka
   const int64_t n = omw.numel();
   if (n == 0) return out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, omw.scalar_type(), "vmf_marginal_grad", [&] {
-    vmf_marginal_grad_kernel<scalar_t><<<blocks_for(n, kThreads), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+    vmf_marginal_grad_kernel<scalar_t><<<blocks_for(n), kThreads, 0, launch::stream()>>>(
         omw.const_data_ptr<scalar_t>(), kappa.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), n,
         static_cast<double>(dim));
   });

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "vmfdist/log_table.h"
+#include "vmfdist/dd_log_table.h"
 #include "vmfdist/macros.h"
 
 namespace vmfdist {
@@ -158,14 +158,14 @@ VMF_CONSTANT double kThirdHi = 0.3333333333333333, kThirdLo = 1.850371707708594e
 // Natural log of a positive double-double.  Error below 2^-90 absolute plus 2^-104
 // relative (the table and the first three Taylor terms are carried in double-double,
 // the rest of the series, below 2^-38, in double).
-// x = 2^e m, m in [1, 2); c_j = 1 + j/256 is the nearest table node (log_table.h) and
+// x = 2^e m, m in [1, 2); c_j = 1 + j/256 is the nearest table node (dd_log_table.h) and
 // r = m inv_j - 1, |r| <= 2^-9, is formed exactly (fma product, Sterbenz subtraction):
 //   log x = e log 2 + T_j + log1p(r),   T_j = -log(inv_j),
 //   log1p(r) = r - r^2/2 + r^3/3 + r^4 (-1/4 + r/5 - ... - r^6/10)   (next term < 2^-99).
 // r^2 and r^3 are exact products (two_prod); log1p(r_hi + r_lo) takes the low part of r
 // through the derivative 1/(1 + r_hi) = 1 - r_hi + r_hi^2 + O(2^-27).  The large pieces
 // are summed with error-free quick_two_sums (largest first; their ordering holds for
-// every j, see scripts/gen_log_table.py), the low-order remainders in plain double.
+// every j, see scripts/gen_dd_log_table.py), the low-order remainders in plain double.
 // x = 1 gives 0 exactly, and x just below 1 (e = -1, node 256) has e log 2 and T_256 =
 // log 2 cancel exactly, so results near 0 keep their relative accuracy.  No divisions,
 // no frexp/ldexp: about 60 floating-point operations.

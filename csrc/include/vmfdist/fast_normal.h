@@ -6,8 +6,8 @@
 // log/sin/cos cannot give.  Here Box-Muller is written with branch-free float
 // polynomials (own derivations, below) so that
 //   * a loop over Philox blocks vectorises (the CPU batch routine normals_f32
-//     processes kLanes blocks at a time and is compiled for AVX2 and for the
-//     baseline ISA, chosen at run time), and
+//     processes kLanes blocks at a time and is compiled for x86-64-v3 (AVX2, FMA) and for the
+//     baseline ISA, chosen at run time: VMF_TARGET_CLONES), and
 //   * host and device evaluate the same float operations in the same order
 //     (no FMA contraction: -ffp-contract=off / --fmad=false), so a row's normals
 //     are the same bits on CPU and GPU.
@@ -29,7 +29,7 @@
 #include "vmfdist/philox.h"
 
 namespace vmfdist {
-namespace fastnorm {
+namespace fast_normal {
 
 VMF_FORCEINLINE uint32_t float_bits(float x) {
 #if defined(__CUDA_ARCH__)
@@ -143,12 +143,6 @@ VMF_INLINE void normal4_for(uint64_t seed, uint64_t offset, uint64_t row, uint32
 // Normals [0, n) of stream (seed, offset, row) into out: the same values as
 // normal4_f32, computed kLanes blocks at a time in loops the compiler vectorises.
 constexpr int kLanes = 16;
-
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define VMF_TARGET_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define VMF_TARGET_CLONES
-#endif
 
 // kLanes Philox blocks side by side: lane l starts from the counter (x0, x1, x2, x3)[l]
 // under the key (k0, k1) and leaves its four normals in out[4l .. 4l+3] (the values of
@@ -267,5 +261,5 @@ inline void fill_normals(uint64_t seed, uint64_t offset, uint64_t row, uint32_t 
 }
 #endif  // !__CUDACC__
 
-}  // namespace fastnorm
+}  // namespace fast_normal
 }  // namespace vmfdist

@@ -6,7 +6,7 @@
 #include "vmfdist/macros.h"
 
 namespace vmfdist {
-namespace quadrature {
+namespace gauss_legendre {
 
 constexpr int kGL16Half = 8;
 VMF_CONSTANT double kGL16Node[8] = {
@@ -28,5 +28,5 @@ VMF_CONSTANT double kGL16Weight[8] = {
     1.8260341504492359e-1,
     1.894506104550685e-1};
 
-}  // namespace quadrature
+}  // namespace gauss_legendre
 }  // namespace vmfdist

@@ -15,8 +15,8 @@
 // (..., out, in) is a stack of rows of length `in`; row r (row-major index over
 // all dimensions but the last) is the Philox stream (seed, offset, r), and its
 // entry j is normal j of that stream:
-//   float32:          fastnorm::normal4_f32 (float Box-Muller), block j / 4, lane j % 4
-//   other dtypes:     fastnorm::normal4_f64 (double Box-Muller), block j / 4, lane j % 4,
+//   float32:          fast_normal::normal4_f32 (float Box-Muller), block j / 4, lane j % 4
+//   other dtypes:     fast_normal::normal4_f64 (double Box-Muller), block j / 4, lane j % 4,
 //                     rounded once to the dtype
 // so the values do not depend on the thread count or the device.
 #pragma once
@@ -140,7 +140,7 @@ VMF_FORCEINLINE void scale_mul_stretch(scalar_t* t, const scalar_t* s, int64_t n
 template <typename scalar_t, typename opmath_t>
 VMF_FORCEINLINE void noise4(uint64_t seed, uint64_t offset, uint64_t row, uint32_t j, opmath_t* z) {
   double zd[4];
-  fastnorm::normal4_for<scalar_t>(seed, offset, row, j, zd);
+  fast_normal::normal4_for<scalar_t>(seed, offset, row, j, zd);
   // rounded to the dtype first, so every dtype's E is its own rounding of its normal
   for (int k = 0; k < 4; ++k) z[k] = static_cast<opmath_t>(static_cast<scalar_t>(zd[k]));
 }

@@ -33,6 +33,23 @@
 #define VMF_FORCEINLINE inline
 #endif
 
+// CPU instruction-set dispatch -- the one idiom of the project.  A CPU loop marked
+// VMF_TARGET_CLONES is compiled twice by GCC (function multi-versioning): for baseline
+// x86-64 and for x86-64-v3 (AVX2 + FMA, Haswell and later), and the loader picks the
+// copy for the running CPU once.  Results are bit-identical in both copies: the build
+// forbids floating-point contraction (-ffp-contract=off), so the v3 copy differs only
+// in vector width and in computing the explicit fma() calls of the math (correctly
+// rounded either way) with the instruction instead of a call into libm.  Add
+// VMF_FLATTEN where the loop calls the scalar math, so that the math is inlined into
+// (and compiled for) each copy.  Host code only; empty elsewhere.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__CUDACC__)
+#define VMF_TARGET_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define VMF_FLATTEN __attribute__((flatten))
+#else
+#define VMF_TARGET_CLONES
+#define VMF_FLATTEN
+#endif
+
 namespace vmfdist {
 // NaN/inf tests that behave the same in host and device code (no -ffast-math here).
 VMF_INLINE bool is_nan(double x) { return x != x; }

@@ -29,7 +29,7 @@ constexpr int64_t kRadialChunk = 4096;  // a multiple of 4: chunks start on Phil
 // r_t / sqrt(sum of squares): the factor every eps of group t is multiplied by.
 VMF_INLINE double group_coef(uint64_t seed, uint64_t offset, uint64_t t, double sumsq) {
   double z[4];
-  fastnorm::normal4_f64(seed, offset + 1, t, 0, z);
+  fast_normal::normal4_f64(seed, offset + 1, t, 0, z);
   return z[0] / ::sqrt(sumsq);
 }
 

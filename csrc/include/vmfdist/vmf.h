@@ -270,12 +270,12 @@ VMF_INLINE double dw_dkappa(double omw, double kappa, double d) {
     const double bnd = cut * q * q;
     const double half = 0.5 * (bnd - a), mid = 0.5 * (bnd + a);
     double panel = 0.0;
-    for (int i = 0; i < quadrature::kGL16Half; ++i) {
+    for (int i = 0; i < gauss_legendre::kGL16Half; ++i) {
       for (int pm = -1; pm <= 1; pm += 2) {
-        const double x = mid + pm * half * quadrature::kGL16Node[i];
+        const double x = mid + pm * half * gauss_legendre::kGL16Node[i];
         const double sh = ::sin(0.5 * (theta + s.sign * x));
         const double f = (c - 2.0 * sh * sh) * ::exp(s.log_ratio(x));
-        panel += quadrature::kGL16Weight[i] * f;
+        panel += gauss_legendre::kGL16Weight[i] * f;
       }
     }
     sum += half * panel;
