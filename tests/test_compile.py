@@ -15,6 +15,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._dynamo.testing import CompileCounterWithBackend
 from torch.distributions import Independent, Normal, kl_divergence
 
 from vmfdist._ops import lib
@@ -136,13 +137,21 @@ def test_sampling_compiles_fresh_and_equal_to_eager(name, backend, request):
     def fn(*params):
         return _draw(build(*params))
 
-    for b in (3, 5):  # the second batch size reuses the dynamic graph
+    counter = CompileCounterWithBackend(backend)
+    cfn = _compiled(fn, counter)
+    for b in (6, 9):  # the second batch size reuses the dynamic graph (sizes unlike the fixed 3 and 4)
         params = make(b)
-        (e1, e2), (c1, c2), cfn = _eager_and_compiled_samples(fn, params, backend)
+        torch.manual_seed(1234)
+        e1, e2 = fn(*params), fn(*params)
+        torch.manual_seed(1234)
+        c1, c2 = cfn(*params), cfn(*params)
         assert c1.shape == e1.shape and c1.dtype == e1.dtype
         torch.testing.assert_close(c1, e1, rtol=0, atol=0)
         torch.testing.assert_close(c2, e2, rtol=0, atol=0)
         assert not torch.equal(c1, c2)  # two successive compiled calls draw fresh samples
+        if b == 6:
+            frames = counter.frame_count
+    assert counter.frame_count == frames  # dynamic in the batch size: no recompilation for b = 9
 
 
 @pytest.mark.parametrize("name", ["VonMisesFisher", "Radial", "MatrixNormal", "EigenvalueCorrectedMatrixNormal"])
@@ -187,12 +196,16 @@ def test_log_prob_and_entropy_compile(name):
     def ent(*params):
         return build(*params).entropy()
 
-    clp, cent = _compiled(lp, "aot_eager"), _compiled(ent, "aot_eager")
-    for b in (3, 5):
+    c1, c2 = CompileCounterWithBackend("aot_eager"), CompileCounterWithBackend("aot_eager")
+    clp, cent = _compiled(lp, c1), _compiled(ent, c2)
+    for b in (6, 9):
         params = make(b)
         v = _value(name, params)
         torch.testing.assert_close(clp(v, *params), lp(v, *params), rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(cent(*params), ent(*params), rtol=1e-12, atol=1e-12)
+        if b == 6:
+            frames = (c1.frame_count, c2.frame_count)
+    assert (c1.frame_count, c2.frame_count) == frames  # no recompilation for b = 9
 
 
 def _kl_pairs():
@@ -225,10 +238,15 @@ def _kl_pairs():
 def test_kl_compiles(name):
     kl = _kl_pairs()[name]
     make = DISTS[name.split("|")[0]][0]
-    ckl = _compiled(kl, "aot_eager")
-    for b in (3, 5):
+    counter = CompileCounterWithBackend("aot_eager")
+    ckl = _compiled(kl, counter)
+    for b in (6, 9):
         params = make(b)
-        torch.testing.assert_close(ckl(*params), kl(*params), rtol=1e-12, atol=1e-12)
+        expected = kl(*params)  # (eager first: torch's KL lookup memo is a guarded global)
+        torch.testing.assert_close(ckl(*params), expected, rtol=1e-12, atol=1e-12)
+        if b == 6:
+            frames = counter.frame_count
+    assert counter.frame_count == frames  # no recompilation for b = 9
 
 
 def test_random_functions_compile():
@@ -297,10 +315,10 @@ def test_cuda_graph_replays_draw_fresh_samples(name):
     """Captured once, each replay advances the CUDA generator's Philox offset on the device: fresh samples
     per replay, and the first replay after torch.manual_seed equals the eager draw after it."""
     make, build = DISTS[name]
-    params = [p.cuda() for p in make(3)]
+    dist = build(*[p.cuda() for p in make(3)])  # (constructors may validate on the host: outside the capture)
 
     def fn():
-        return _draw(build(*params))
+        return _draw(dist)
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())

@@ -27,8 +27,9 @@ with ``torch.jit.trace`` or captured in a CUDA graph draws fresh samples on ever
 and the compiled code gives the same samples as eager code after the same
 ``torch.manual_seed``.  Nothing is read back to the host.
 
-What is reproduced where (tested): for the same ``(seed, offset)`` the raw Philox words
-and the uniforms are bit-identical on CPU and CUDA.  Anything computed through
+What is reproduced where: the same ``(seed, offset)`` gives the same tensor for any
+number of threads (tested), and the raw Philox words and the uniforms are bit-identical
+on CPU and CUDA (checked by the CUDA tests, which need a GPU).  Anything computed through
 transcendental functions -- the float64 normals (Box-Muller through ``log``, ``cos``,
 ``sin``), the vMF marginal and the radial radius -- may differ in the last bits between
 the host's libm and CUDA's, and the GPU reduces the vMF and radial sums in a different

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <optional>
 
+#include "cuda/launch.cuh"
 #include "host/random_state.h"
 #include "vmfdist/philox.h"
 
@@ -56,7 +57,7 @@ inline at::Tensor cuda_seed_offset(const char* op, const std::optional<at::Gener
   }
   TORCH_CHECK(streams <= 4, op, ": at most 4 offsets per call");
   at::Tensor out = at::empty({2}, at::TensorOptions().dtype(at::kLong).device(device));
-  write_seed_offset_kernel<<<1, 1, 0, at::cuda::getCurrentCUDAStream()>>>(state, out.mutable_data_ptr<int64_t>());
+  write_seed_offset_kernel<<<1, 1, 0, launch::stream()>>>(state, out.mutable_data_ptr<int64_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }

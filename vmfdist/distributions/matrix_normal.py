@@ -234,8 +234,8 @@ class MatrixNormal(_KroneckerGaussian):
         col_name = "column_covariance" if column_scale_tril is None else "column_scale_tril"
         row = _as_float(row_name, row_covariance if row_scale_tril is None else row_scale_tril, loc)
         col = _as_float(col_name, column_covariance if column_scale_tril is None else column_scale_tril, loc)
-        _check_trailing(row_name, row, out, out, f"out x out with out = loc.size(-2) = {out}")
-        _check_trailing(col_name, col, inn, inn, f"in x in with in = loc.size(-1) = {inn}")
+        _check_trailing(row_name, row, out, out, "out x out with out = loc.size(-2)")
+        _check_trailing(col_name, col, inn, inn, "in x in with in = loc.size(-1)")
         dt, _, batch = _common({"loc": loc, row_name: row, col_name: col})
         loc, row, col = loc.to(dt), row.to(dt), col.to(dt)
         self.loc = loc.expand(batch + (out, inn))
@@ -330,8 +330,8 @@ class EigenvalueCorrectedMatrixNormal(_KroneckerGaussian):
         out, inn = loc.shape[-2:]
         q_out, q_in, variance = (_as_float(n, x, loc) for n, x in (("q_out", q_out), ("q_in", q_in),
                                                                     ("variance", variance)))
-        _check_trailing("q_out", q_out, out, out, f"out x out with out = loc.size(-2) = {out}")
-        _check_trailing("q_in", q_in, inn, inn, f"in x in with in = loc.size(-1) = {inn}")
+        _check_trailing("q_out", q_out, out, out, "out x out with out = loc.size(-2)")
+        _check_trailing("q_in", q_in, inn, inn, "in x in with in = loc.size(-1)")
         _check_trailing("variance", variance, out, inn, "like loc")
         dt, _, batch = _common({"loc": loc, "q_out": q_out, "q_in": q_in, "variance": variance})
         self._q_out, self._q_in, self._s = q_out.to(dt), q_in.to(dt), variance.to(dt)

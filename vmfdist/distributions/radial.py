@@ -139,15 +139,18 @@ class Radial(Distribution):
         sq = v.pow(2).sum(dims) if dims else v.pow(2)
         log_rho = 0.5 * torch.log(sq)
         log_sigma = self.scale.log().sum() if dims else self.scale.log()
-        lp = (math.log(2.0) - 0.5 * LOG_2PI - 0.5 * sq - float(log_sphere_area(d))
+        # a tensor (d may be symbolic under torch.compile), computed in float64 as before
+        log_area = log_sphere_area(d, dtype=torch.float64, device=sq.device).to(sq.dtype)
+        lp = (math.log(2.0) - 0.5 * LOG_2PI - 0.5 * sq - log_area
               - (d - 1) * log_rho - log_sigma)
         if d == 1:  # (D - 1) log|v| = 0 also at v = 0
-            lp = math.log(2.0) - 0.5 * LOG_2PI - 0.5 * sq - float(log_sphere_area(d)) - log_sigma
+            lp = math.log(2.0) - 0.5 * LOG_2PI - 0.5 * sq - log_area - log_sigma
         return lp
 
     def entropy(self):
         d = self.numel
-        const = (0.5 * LOG_2PI + 0.5 - math.log(2.0) + float(log_sphere_area(d))
+        const = (0.5 * LOG_2PI + 0.5 - math.log(2.0)
+                 + log_sphere_area(d, dtype=torch.float64, device=self.scale.device).to(self.scale.dtype)
                  - 0.5 * (d - 1) * (EULER_GAMMA + math.log(2.0)))
         return const + self.scale.log().sum()
 

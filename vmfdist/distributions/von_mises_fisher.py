@@ -69,7 +69,10 @@ sphere = _Sphere()
 def log_sphere_area(d, dtype=torch.float64, device=None) -> torch.Tensor:
     r""":math:`\log S_{d-1} = \log 2 + (d/2)\log\pi - \log\Gamma(d/2)`, the log surface area of
     the unit sphere in :math:`\mathbb{R}^d`."""
-    d = torch.as_tensor(d, dtype=dtype, device=device)
+    if isinstance(d, (int, torch.SymInt)) and not isinstance(d, bool):
+        d = torch.full((), d, dtype=dtype, device=device)  # (keeps a symbolic size symbolic under torch.compile)
+    else:
+        d = torch.as_tensor(d, dtype=dtype, device=device)
     return math.log(2.0) + 0.5 * d * math.log(math.pi) - torch.lgamma(0.5 * d)
 
 
