@@ -1,6 +1,8 @@
 # The two set-up commands of the README; each works on a fresh machine.
 #   make demo   -- build everything and run the demo
 #   make test   -- build everything and run the test suite (what CI runs)
+#   make docs   -- build the Sphinx documentation into docs/_build/html (scripts/docs.sh)
+#   make bench  -- run every benchmark and rewrite docs/benchmarks (benchmarks/README.md)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
@@ -19,7 +21,11 @@ test-slow: setup
 	$(PY) -m pytest -q --slow tests
 
 bench: setup
-	$(PY) benchmarks/run.py
+	$(PY) -m benchmarks.run all
+
+# Sphinx lives in .venv-docs; torch comes from $(VENV) through a .pth file (no second torch).
+docs: setup
+	VENV=$(VENV) bash scripts/docs.sh
 
 clean:
 	rm -rf build *.egg-info vmfdist/*.so

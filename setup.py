@@ -5,6 +5,10 @@ The CUDA sources (``csrc/cuda/*.cu``) are compiled whenever torch is a CUDA
 build and a CUDA toolkit (nvcc) is found; no GPU is needed for that.  Set
 ``VMFDIST_FORCE_CPU=1`` to skip them, or ``VMFDIST_REQUIRE_CUDA=1`` to make a
 missing toolkit an error (CI does this so that a broken .cu file fails it).
+``TORCH_CUDA_ARCH_LIST`` is respected; when it is unset and no GPU is visible, the
+architectures come from the installed torch (see ``_default_cuda_arch_list``).
+``VMFDIST_SKIP_EXTENSION=1`` installs the pure-Python package only (``scripts/setup.sh``
+does that once, then builds the extension in place, incrementally).
 
 Install with ``pip install --no-build-isolation .`` so that the build uses the
 torch already in the environment.
@@ -12,6 +16,7 @@ torch already in the environment.
 import glob
 import os
 import site
+import subprocess
 import sys
 
 from setuptools import find_packages, setup
@@ -43,7 +48,61 @@ def _use_cuda():
     return ok
 
 
+def _arch(entry):
+    """'sm_86' -> (8, 6); None for anything else (compute_*, suffixed variants)."""
+    if not entry.startswith("sm_") or not entry[3:].isdigit():
+        return None
+    digits = entry[3:]
+    return int(digits[:-1]), int(digits[-1])
+
+
+def _nvcc_archs():
+    """The real architectures nvcc can compile for, or None if it cannot tell."""
+    try:
+        out = subprocess.run([os.path.join(ce.CUDA_HOME, "bin", "nvcc"), "--list-gpu-arch"], capture_output=True,
+                             text=True, check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return {(int(e[8:-1]), int(e[-1])) for e in out if e.startswith("compute_") and e[8:].isdigit()}
+
+
+def _default_cuda_arch_list():
+    """TORCH_CUDA_ARCH_LIST for a build on a machine where no GPU is visible.
+
+    The architectures the installed torch itself ships kernels for
+    (``torch.cuda.get_arch_list()``, which needs no GPU) that nvcc supports, one per
+    major version -- the lowest minor, since a cubin for X.y runs on every X.z with
+    z >= y -- plus PTX of the newest, which the driver compiles for later GPUs.  With
+    torch 2.14 (CUDA 13) and nvcc 13 that is "7.5;8.0;9.0;10.0;12.0+PTX" (Turing to
+    Blackwell).
+    """
+    archs = sorted({a for a in map(_arch, torch.cuda.get_arch_list()) if a is not None})
+    supported = _nvcc_archs()
+    if supported is not None:
+        archs = [a for a in archs if a in supported]
+    if not archs:
+        sys.exit("no CUDA architecture both torch.cuda.get_arch_list() and nvcc support; set TORCH_CUDA_ARCH_LIST")
+    lowest = {}
+    for major, minor in archs:
+        lowest.setdefault(major, (major, minor))
+    chosen = [f"{ma}.{mi}" for ma, mi in sorted(lowest.values())]
+    chosen[-1] += "+PTX"
+    return ";".join(chosen)
+
+
+def _set_cuda_arch_list():
+    """Respect the user's TORCH_CUDA_ARCH_LIST; with none, let torch build for the GPUs it
+    sees; with no GPU visible (where torch's own detection fails) use the default list."""
+    if os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        return
+    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        return
+    os.environ["TORCH_CUDA_ARCH_LIST"] = _default_cuda_arch_list()
+
+
 def extensions():
+    if os.environ.get("VMFDIST_SKIP_EXTENSION", "0") == "1":
+        return []  # the pure-Python package only (scripts/setup.sh builds the extension in place)
     use_cuda = _use_cuda()
     sources = ["csrc/ops.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
     # csrc/include: the host-device math (no ATen); csrc/host: host-side checks and orchestration
@@ -52,7 +111,8 @@ def extensions():
     extra = {"cxx": cxx}
     define_macros = []
     if use_cuda:
-        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0+PTX")
+        _set_cuda_arch_list()
+        print(f"vmfdist: CUDA kernels for TORCH_CUDA_ARCH_LIST={os.environ.get('TORCH_CUDA_ARCH_LIST', '(the visible GPUs)')}")
         sources += sorted(glob.glob("csrc/cuda/*.cu"))
         include_dirs += _nvidia_include_dirs()
         extra["nvcc"] = ["-O3", "-std=c++20", "--fmad=false", "--expt-relaxed-constexpr",
@@ -61,9 +121,13 @@ def extensions():
         define_macros.append(("VMFDIST_WITH_CUDA", None))
     else:
         ext_cls = ce.CppExtension
+    # headers too: setuptools rebuilds only when a listed file is newer than the module,
+    # and ninja then recompiles only the objects whose sources or headers changed
+    depends = sorted(glob.glob("csrc/**/*.h", recursive=True) + glob.glob("csrc/**/*.cuh", recursive=True))
     return [ext_cls(
         name="vmfdist._C",
         sources=sources,
+        depends=depends,
         include_dirs=include_dirs,
         extra_compile_args=extra,
         define_macros=define_macros,

@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 
@@ -33,6 +31,8 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
+
+from benchmarks.harness import git_rev, load_json, save_json  # noqa: E402
 
 DBL_MAX = float(np.finfo(np.float64).max)
 DBL_MIN = float(np.finfo(np.float64).tiny)
@@ -529,26 +529,6 @@ def render_markdown(res):
     return "\n".join(L)
 
 
-def _unclean(o):
-    """Undo the JSON encoding of inf / nan as strings."""
-    if o in ("inf", "-inf", "nan"):
-        return float(o)
-    if isinstance(o, dict):
-        return {k: _unclean(v) for k, v in o.items()}
-    if isinstance(o, list):
-        return [_unclean(v) for v in o]
-    return o
-
-
-def _git_rev():
-    try:
-        rev = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
-        dirty = subprocess.call(["git", "diff", "--quiet", "HEAD", "--", "csrc", "vmfdist"], cwd=ROOT)
-        return rev + ("+dirty" if dirty else "")
-    except Exception:  # pragma: no cover
-        return "unknown"
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--points", type=int, default=12000, 
@@ -566,9 +546,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     if args.render:
-        with open(args.render) as f:
-            res = json.load(f, parse_float=float, parse_constant=float)
-        res = _unclean(res)
+        res = load_json(args.render)
         with open(os.path.join(args.out, "accuracy.md"), "w") as f:
             f.write(render_markdown(res))
         return res
@@ -609,7 +587,7 @@ def main(argv=None):
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "python -m benchmarks.accuracy" + ("" if argv is None and len(sys.argv) <= 1 else " " + " ".join(
             shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))),
-        "git": _git_rev(),
+        "git": git_rev(),
         "torch": torch.__version__,
         "mpmath": mpmath.__version__,
         "python": platform.python_version(),
@@ -624,19 +602,7 @@ def main(argv=None):
         "regimes": REGIME_TEXT,
     }
     os.makedirs(args.out, exist_ok=True)
-
-    def clean(o):  # JSON has no inf / nan
-        if isinstance(o, float) and not math.isfinite(o):
-            return str(o)
-        if isinstance(o, dict):
-            return {k: clean(v) for k, v in o.items()}
-        if isinstance(o, (list, tuple)):
-            return [clean(v) for v in o]
-        return o
-
-    with open(os.path.join(args.out, "accuracy.json"), "w") as f:
-        json.dump(clean(res), f, indent=1, ensure_ascii=False)
-        f.write("\n")
+    save_json(res, os.path.join(args.out, "accuracy.json"))
     with open(os.path.join(args.out, "accuracy.md"), "w") as f:
         f.write(render_markdown(res))
     print(render_markdown(res))

@@ -1,127 +1,75 @@
-"""Fused radial noise vs the composite PyTorch expression (issue #4 benchmark).
+"""Fused radial noise (``vmfdist.distributions.radial_noise``) against the composite PyTorch expression.
 
-    python -m benchmarks.bench_radial [--threads 2] [--out docs/benchmarks]
-
-Job: a 3x3x512x512 convolution kernel (2.36M weights), 4 samples, float32, CPU:
-  composite: eps = randn; eps / eps.norm(over the event) * randn(radius); * sigma; + mu
-  ours:      vmfdist.distributions.radial_noise (one op, two passes, no temporaries)
-Also forward + backward (loss = (w * c).sum(), gradients to mu and sigma), and the
-memory floor: bytes the fused op must move (write the output twice, read it once, read
-mu and sigma) divided by the time, against a measured copy bandwidth (torch's out-of-place
-add of two tensors of the output's size).
+Job: a 3x3x512x512 convolution kernel (2.36M weights; --quick: 3x3x64x64), 4 samples, float32.
+  composite: eps = randn; eps / |eps| (over the event) * randn(radius); * sigma; + mu
+  ours:      radial_noise(mu, sigma, (4,)) (one op, two passes, no temporaries)
+Also forward + backward (loss = (w * c).sum(), gradients to mu and sigma) and a memory probe:
+the bytes the fused op must move (write the output, read and rewrite it, read mu and sigma)
+per second, against torch.add on two tensors of the output's size.  Interleaved rounds.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
-import statistics
-import sys
-import time
+import torch
+
+from benchmarks import harness as H
+from vmfdist.distributions import radial_noise
+
+TITLE = "fused radial noise vs the PyTorch composite"
+S = 4
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=15)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sys.path.insert(0, root)
-    import torch
+def add_args(p):
+    p.add_argument("--repeats", type=int, default=15, help="interleaved rounds (default 15)")
 
-    from vmfdist.distributions import radial_noise
 
-    torch.set_num_threads(args.threads)
-    shape, S = (3, 3, 512, 512), 4
-    D = 3 * 3 * 512 * 512
+def run(args):
+    shape = (3, 3, 64, 64) if args.quick else (3, 3, 512, 512)
     g = torch.Generator().manual_seed(0)
-    mu = torch.randn(shape, generator=g)
-    sigma = torch.rand(shape, generator=g) * 0.1
+    mu, sigma = torch.randn(shape, generator=g), torch.rand(shape, generator=g) * 0.1
+    c, a, b = (torch.randn((S,) + shape, generator=g) for _ in range(3))
+    ev = (S,) + (1,) * len(shape)
 
-    def composite():
+    def composite(m, s):
         eps = torch.randn((S,) + shape)
-        norm = eps.flatten(1).norm(dim=1).view(S, 1, 1, 1, 1)
-        r = torch.randn(S, 1, 1, 1, 1)
-        return mu + sigma * (eps / norm * r)
-
-    def ours():
-        return radial_noise(mu, sigma, (S,))
-
-    c = torch.randn((S,) + shape)
+        return m + s * (eps / eps.flatten(1).norm(dim=1).view(ev) * torch.randn(ev))
 
     def fwd_bwd(fn):
-        def run():
-            m = mu.clone().requires_grad_(True)
-            s = sigma.clone().requires_grad_(True)
-            if fn == "ours":
-                w = radial_noise(m, s, (S,))
-            else:
-                eps = torch.randn((S,) + shape)
-                w = m + s * (eps / eps.flatten(1).norm(dim=1).view(S, 1, 1, 1, 1) * torch.randn(S, 1, 1, 1, 1))
-            (w * c).sum().backward()
-        return run
+        def f():
+            m, s = mu.clone().requires_grad_(True), sigma.clone().requires_grad_(True)
+            (fn(m, s) * c).sum().backward()
+        return f
 
-    a, b = torch.empty((S,) + shape), torch.empty((S,) + shape)
+    ours = lambda m, s: radial_noise(m, s, (S,))  # noqa: E731
+    fns = {"composite": lambda: composite(mu, sigma), "ours": lambda: ours(mu, sigma),
+           "composite fwd+bwd": fwd_bwd(composite), "ours fwd+bwd": fwd_bwd(ours),
+           "add (bandwidth probe)": lambda: torch.add(a, b)}
+    meta = H.meta(args, shape=list(shape), samples=S, repeats=args.repeats)
+    rows = H.time_rounds(fns, args.repeats, verbose=False)
+    return {"meta": meta, "rows": {k: {"min": v["min"], "median": v["median"]} for k, v in rows.items()}}
 
-    def copy_bw():
-        torch.add(a, b)
 
-    def timeit(f):
-        f()
-        ts = []
-        for _ in range(args.repeats):
-            t = time.perf_counter()
-            f()
-            ts.append(time.perf_counter() - t)
-        return min(ts), statistics.median(ts)
-
-    load0 = os.getloadavg()[0]
-    res = {}
-    for name, f in [("composite", composite), ("ours", ours), ("composite fwd+bwd", fwd_bwd("composite")),
-                    ("ours fwd+bwd", fwd_bwd("ours")), ("add (bandwidth probe)", copy_bw)]:
-        res[name] = timeit(f)
-    load1 = os.getloadavg()[0]
-    nbytes = 4 * S * D
-    probe_bw = 3 * nbytes / res["add (bandwidth probe)"][0]  # read 2, write 1
-    ours_bytes = 3 * nbytes + 2 * 4 * D  # write, read+write the output; read mu, sigma
-    ours_bw = ours_bytes / res["ours"][0]
-    lines = [
-        "# Benchmark: fused radial noise",
-        "",
-        f"Generated by `python -m benchmarks.bench_radial` on {time.strftime('%Y-%m-%d %H:%M')}; "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} logical cores, torch {torch.__version__}, "
-        f"{args.threads} threads; load average {load0:.2f} -> {load1:.2f}.  "
-        "Job: 3x3x512x512 kernel (2.36M weights), 4 samples, float32, CPU; times are min (median) of "
-        f"{args.repeats} repeats.",
-        "",
-        "| job | composite | ours | composite / ours |",
-        "|---|---|---|---|",
-    ]
+def render(res):
+    m, r = res["meta"], res["rows"]
+    shape, d = m["shape"], 1
+    for s in shape:
+        d *= s
+    nbytes = 4 * m["samples"] * d
+    probe = 3 * nbytes / r["add (bandwidth probe)"]["min"]  # reads 2, writes 1
+    moved = 3 * nbytes + 2 * 4 * d
+    t = H.Table("job", "composite", "ours", "composite / ours")
     for job in ("", " fwd+bwd"):
-        tc, to = res["composite" + job], res["ours" + job]
-        lines.append(f"| sample{job or ' (forward)'} | {tc[0]*1e3:.1f} ms ({tc[1]*1e3:.1f}) | "
-                     f"{to[0]*1e3:.1f} ms ({to[1]*1e3:.1f}) | **{tc[0]/to[0]:.2f}x** |")
-    lines += [
-        "",
-        f"Memory: the fused forward moves {ours_bytes/1e6:.0f} MB (writes the output, reads and rewrites it, reads "
-        f"mu and sigma): {ours_bw/1e9:.1f} GB/s, against {probe_bw/1e9:.1f} GB/s for torch.add on tensors of the "
-        f"output's size ({ours_bw/probe_bw:.0%} of that probe).  Its only allocation is the output (plus one double "
-        "per 4096-element chunk); the composite allocates four temporaries of the output's size.",
-        "",
-        "Target (issue #4): >= 2x the composite for this job.",
-    ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    out = args.out or os.path.join(root, "docs", "benchmarks")
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "radial.md"), "w") as fh:
-        fh.write(text)
-    with open(os.path.join(out, "radial.json"), "w") as fh:
-        json.dump({k: {"min_s": v[0], "median_s": v[1]} for k, v in res.items()} | {"load": [load0, load1]}, fh,
-                  indent=1)
-
-
-if __name__ == "__main__":
-    main()
+        tc, to = r["composite" + job], r["ours" + job]
+        t.add(f"sample{job or ' (forward)'}", f"{H.fmt_time(tc['min'])} ({H.fmt_time(tc['median'])})",
+              f"{H.fmt_time(to['min'])} ({H.fmt_time(to['median'])})", f"**{H.fmt_ratio(tc['min'] / to['min'])}**")
+    L = H.header(res, "Benchmark: fused radial noise", "python -m benchmarks.run radial", "radial")
+    L += [f"- Job: {'x'.join(map(str, shape))} kernel ({d / 1e6:.2f}M weights), {m['samples']} samples, float32, CPU, "
+          f"{m['threads']} threads; times are min (median) of "
+          f"{m.get('timing', str(m['repeats']) + ' interleaved rounds')}.\n", str(t),
+          f"Memory: the fused forward moves {moved / 1e6:.0f} MB (writes the output, reads and rewrites it, reads mu "
+          "and "
+          f"sigma): {moved / r['ours']['min'] / 1e9:.1f} GB/s, against {probe / 1e9:.1f} GB/s for torch.add on tensors "
+          f"of the output's size ({moved / r['ours']['min'] / probe:.0%} of that probe).  Its only allocation is the "
+          "output (plus one double per 4096-element chunk); the composite allocates four temporaries of the output's "
+          "size.\n",
+          "Target (issue #4): ≥ 2× the composite for this job.\n"]
+    return "\n".join(L)

@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project's virtual environment and build vmfdist into it.
+# Cheap to run again: the dependencies and the editable install of the Python package
+# are redone only when their inputs change, and the extension is built in place with
+# ninja in the persistent build/ folder, so unchanged sources compile nothing and a
+# changed source (or header) recompiles only the objects that depend on it.
 #
 #   VENV            where the environment lives (default: .venv in the repo root)
 #   VMFDIST_TORCH   the torch requirement (default: torch==2.14.1, the CUDA build that
@@ -12,14 +16,23 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
-"$PY" -m pip install -q "${VMFDIST_TORCH:-torch==2.14.1}" numpy scipy mpmath hypothesis pytest ninja \
-  setuptools wheel matplotlib
+REQS="${VMFDIST_TORCH:-torch==2.14.1} numpy scipy mpmath hypothesis pytest ninja setuptools wheel matplotlib"
+STAMP="$VENV/.vmfdist-setup"
+STATE="$REQS | $(cat pyproject.toml setup.py | cksum)"
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$STATE" ]; then
+  # shellcheck disable=SC2086
+  "$PY" -m pip install -q $REQS
+  # the Python package only, editable (a plain `pip install -e .` would compile the
+  # extension in a fresh temporary folder every time)
+  VMFDIST_SKIP_EXTENSION=1 "$PY" -m pip install -q --no-build-isolation --no-deps -e .
+  echo "$STATE" > "$STAMP"
+fi
 if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
   export CUDA_HOME=/usr/local/cuda
 fi
-export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-"8.0;9.0+PTX"}
 export MAX_JOBS=${MAX_JOBS:-2}
-"$PY" -m pip install -q --no-build-isolation -e .
+# vmfdist/_C*.so next to the sources; a no-op when nothing changed
+"$PY" setup.py -q build_ext --inplace
 "$PY" - <<'PYEOF'
 import torch, vmfdist
 print(f"vmfdist {vmfdist.__version__} built against torch {torch.__version__}; "

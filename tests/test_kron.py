@@ -399,6 +399,19 @@ def test_sample_errors():
         lib.kron_eigen_noise(var, [2, 3, 5], _so(0, 0), 0.5)
 
 
+def test_meta_mixed_with_cpu_is_an_error():
+    """A meta argument sends the call to the fake kernel (which used to return uninitialised
+    CPU memory): it must refuse arguments on different devices, naming them."""
+    loc, qo, qi, var = randn((2, 6, 5), 0), orth(6, 1), orth(5, 2), pos((6, 5), 3)
+    with pytest.raises(RuntimeError, match="scale must be on the same device as v, got scale on meta and v on cpu"):
+        kron_eigen_matvec(qo, qi, var.to("meta"), loc, -0.5)
+    with pytest.raises(RuntimeError, match="q_out must be on the same device as v"):
+        lib.kron_eigen_matvec(qo.to("meta"), qi, var, loc, 1.0)
+    with pytest.raises(RuntimeError, match="variance must be on the same device as loc"):
+        lib.kron_eigen_sample(loc, qo, qi, var.to("meta"), 2, seed=0, offset=0)
+    assert lib.kron_eigen_matvec(*(t.to("meta") for t in (qo, qi, var, loc)), 1.0).shape == (2, 6, 5)
+
+
 @pytest.mark.parametrize("device", cpu_and_cuda())
 def test_devices_agree(device):
     """The same op on another device: same noise (float64 to rounding), same products."""
@@ -513,9 +526,9 @@ def test_matrix_normal_gradcheck_log_prob_and_kl():
 
 def test_matrix_normal_errors():
     loc, u, v = randn((3, 2), 0), spd(3, 1), spd(2, 2)
-    with pytest.raises(ValueError, match="exactly one of row_covariance or row_scale_tril"):
-        MatrixNormal(loc, column_covariance=v)
-    with pytest.raises(ValueError, match="exactly one of column_covariance or column_scale_tril"):
+    with pytest.raises(ValueError, match="at most one of row_covariance or row_scale_tril"):
+        MatrixNormal(loc, u, v, row_scale_tril=torch.linalg.cholesky(u))
+    with pytest.raises(ValueError, match="at most one of column_covariance or column_scale_tril"):
         MatrixNormal(loc, u, v, column_scale_tril=torch.linalg.cholesky(v))
     with pytest.raises(ValueError, match=r"row_covariance must have trailing shape \(3, 3\)"):
         MatrixNormal(loc, v, v)
@@ -619,7 +632,7 @@ def test_emvg_errors():
         EigenvalueCorrectedMatrixNormal(loc, qo, qi, s.T)
     with pytest.raises(ValueError, match="q_in"):
         EigenvalueCorrectedMatrixNormal(loc, qo, qi * 1.1, s, validate_args=True)
-    with pytest.raises(ValueError, match="eigenvalues"):
+    with pytest.raises(ValueError, match="parameter variance"):
         EigenvalueCorrectedMatrixNormal(loc, qo, qi, -s, validate_args=True)
     EigenvalueCorrectedMatrixNormal(loc.float(), qo.float(), qi.float(), s.float(), validate_args=True)
     with pytest.raises(NotImplementedError, match="Independent"):
@@ -645,3 +658,124 @@ def test_hypothesis_against_dense(out, inn, nb, seed, power):
     v = randn(batch + (out, inn), seed + 7)
     torch.testing.assert_close(kron_eigen_matvec(e.q_out, e.q_in, e.eigenvalues, v, power),
                                dense_matvec(e.q_out, e.q_in, e.eigenvalues, v, power), rtol=1e-10, atol=1e-10)
+
+
+# ---------------------------------------------------------------------------
+# MatrixNormal <-> EigenvalueCorrectedMatrixNormal KLs, identity and scalar covariances,
+# constraints keyed by constructor names, clear log_prob errors
+
+
+@pytest.mark.parametrize("tril", [False, True])
+def test_kl_matrix_normal_emvg_both_directions_against_dense(tril):
+    """Against torch's MultivariateNormal KL on the dense (nm x nm) covariances, batched and
+    broadcast (the MatrixNormal batched in its row factor, the EVMN in its column basis)."""
+    mn = make_mn(3, 4, 0, batch=(2,), tril=tril)
+    ev = make_emvg(3, 4, 10, batch=(2,))
+    ev1 = make_emvg(3, 4, 20)
+    for q, p in ((mn, ev), (ev, mn), (mn, ev1), (ev1, mn)):
+        ours = kl_divergence(q, p)
+        dense = kl_divergence(dense_emvg(q) if q is not mn else dense_mn(q), dense_emvg(p) if p is not mn
+                              else dense_mn(p))
+        assert ours.shape == (2,)
+        torch.testing.assert_close(ours, dense.expand(2), rtol=1e-10, atol=1e-10)
+    # an EVMN with the eigenbases of U and V and S = outer(eig U, eig V) is MN(M, U, V): KL = 0 both ways
+    u, v = spd(3, 5), spd(4, 6)
+    lu, qu = torch.linalg.eigh(u)
+    lv, qv = torch.linalg.eigh(v)
+    loc = randn((3, 4), 7)
+    a, b = MatrixNormal(loc, u, v), EigenvalueCorrectedMatrixNormal(loc, qu, qv, torch.outer(lu, lv))
+    assert abs(kl_divergence(a, b).item()) <= 1e-12 and abs(kl_divergence(b, a).item()) <= 1e-12
+
+
+def test_kl_matrix_normal_emvg_monte_carlo():
+    q, p = make_mn(2, 3, 1), make_emvg(2, 3, 2)
+    for a, b in ((q, p), (p, q)):
+        x = a.sample((20000,), generator=gen(3))
+        lr = a.log_prob(x) - b.log_prob(x)
+        assert abs(lr.mean().item() - kl_divergence(a, b).item()) <= Z * lr.std().item() / math.sqrt(len(lr))
+    with pytest.raises(ValueError, match="event shapes differ"):
+        kl_divergence(make_mn(2, 3, 1), make_emvg(3, 2, 2))
+
+
+def test_kl_matrix_normal_emvg_gradcheck():
+    qo, qi = orth(2, 1), orth(3, 2)
+    loc = randn((2, 3), 0).requires_grad_()
+    s = pos((2, 3), 3).requires_grad_()
+    a = torch.linalg.cholesky(spd(2, 4)).requires_grad_()
+    m = make_mn(2, 3, 5)
+
+    def f(loc, s, a):
+        e = EigenvalueCorrectedMatrixNormal(loc, qo, qi, s)
+        n = MatrixNormal(m.loc, row_scale_tril=a.tril(), column_covariance=m.column_covariance)
+        return torch.stack([kl_divergence(e, n), kl_divergence(n, e), kl_divergence(e, m), kl_divergence(m, e)])
+
+    assert torch.autograd.gradcheck(f, (loc, s, a))
+
+
+def test_matrix_normal_identity_and_scalar_covariances():
+    loc = randn((2, 3, 4), 0)
+    x = randn((5, 2, 3, 4), 1)
+    iid = Independent(Normal(loc, torch.ones_like(loc)), 2)
+    for d in (MatrixNormal(loc), MatrixNormal(loc, 1.0, 1.0), MatrixNormal(loc, row_scale_tril=1.0)):
+        torch.testing.assert_close(d.log_prob(x), iid.log_prob(x), rtol=1e-13, atol=1e-13)
+        torch.testing.assert_close(d.entropy(), iid.entropy(), rtol=1e-13, atol=1e-13)
+        assert d.batch_shape == (2,) and d.event_shape == (3, 4)
+        torch.testing.assert_close(d.row_covariance, torch.eye(3, dtype=F64).expand(2, 3, 3), rtol=0, atol=0)
+        torch.testing.assert_close(d.column_covariance, torch.eye(4, dtype=F64).expand(2, 4, 4), rtol=0, atol=0)
+    # scalars: U = c I (covariance), A = s I (scale_tril), mixed with a full matrix on the other side
+    v = spd(4, 2)
+    d = MatrixNormal(loc, 2.5, v)
+    ref = MatrixNormal(loc, 2.5 * torch.eye(3, dtype=F64), v)
+    torch.testing.assert_close(d.log_prob(x), ref.log_prob(x), rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(d.row_covariance, ref.row_covariance, rtol=1e-15, atol=0)
+    torch.testing.assert_close(d._row_tril, math.sqrt(2.5) * torch.eye(3, dtype=F64), rtol=1e-15, atol=0)
+    d = MatrixNormal(loc, row_covariance=v[:3, :3], column_scale_tril=torch.tensor(0.5, dtype=F64))
+    torch.testing.assert_close(d.column_covariance, 0.25 * torch.eye(4, dtype=F64).expand(2, 4, 4), rtol=1e-15, atol=0)
+    torch.testing.assert_close(kl_divergence(d, MatrixNormal(loc)),
+                               kl_divergence(dense_mn(d), dense_mn(MatrixNormal(loc))), rtol=1e-11, atol=1e-11)
+    # samples of the default: i.i.d. standard normal entries around loc
+    w = MatrixNormal(torch.zeros(3, 4, dtype=F64)).sample((20000,), generator=gen(4)).reshape(20000, -1)
+    _check_moments(w, torch.zeros(12, dtype=F64), torch.eye(12, dtype=F64), 20000)
+    with pytest.raises(ValueError, match="row_covariance given as a scalar must be positive"):
+        MatrixNormal(loc, -1.0)
+    with pytest.raises(ValueError, match="column_scale_tril given as a scalar must be positive"):
+        MatrixNormal(loc, column_scale_tril=0.0)
+    with pytest.raises(ValueError, match="row_covariance given as a scalar must be positive"):
+        MatrixNormal(loc, torch.tensor(-2.0, dtype=F64))
+    with pytest.raises(TypeError, match="row_covariance must be real"):
+        MatrixNormal(loc, 1.0 + 1j)
+
+
+def test_arg_constraints_keyed_by_constructor_arguments():
+    """torch.distributions' convention (its test_params_constraints): every arg_constraints key is a
+    constructor argument, and the constructor's value satisfies it; validation reads the argument."""
+    import inspect
+
+    loc, qo, qi, s = randn((3, 2), 0), orth(3, 1), orth(2, 2), pos((3, 2), 3)
+    e = EigenvalueCorrectedMatrixNormal(loc, qo, qi, s, validate_args=True)
+    params = inspect.signature(EigenvalueCorrectedMatrixNormal.__init__).parameters
+    assert set(e.arg_constraints) <= set(params) and "variance" in e.arg_constraints
+    for name, value in (("loc", loc), ("q_out", qo), ("q_in", qi), ("variance", s)):
+        assert bool(e.arg_constraints[name].check(value).all())
+    assert set(MatrixNormal.arg_constraints) <= set(inspect.signature(MatrixNormal.__init__).parameters)
+    # validation checks the constructor's variance (S), not the marginal variance property: a negative
+    # S with orthogonal bases can have positive marginal variances, and must still be refused
+    s_bad = s.clone()
+    s_bad[0, 0] = -0.01
+    assert (EigenvalueCorrectedMatrixNormal(loc, qo, qi, s_bad, validate_args=False).variance > 0).all()
+    with pytest.raises(ValueError, match="Expected parameter variance"):
+        EigenvalueCorrectedMatrixNormal(loc, qo, qi, s_bad, validate_args=True)
+    torch.testing.assert_close(e.variance, mn.eigen_marginal_variance(qo, qi, s), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("validate", [True, False])
+def test_log_prob_wrong_event_shape_is_a_clear_error(validate):
+    for d in (make_mn(3, 2, 0, batch=(2,)), make_emvg(3, 2, 0, batch=(2,))):
+        d = d.expand(d.batch_shape) if validate else type(d).expand(d, d.batch_shape)
+        d._validate_args = validate
+        name = type(d).__name__
+        with pytest.raises(ValueError, match=rf"{name}.log_prob: value must end in the event shape \(3, 2\)"):
+            d.log_prob(randn((2, 2, 3), 1))
+        with pytest.raises(ValueError, match="do not broadcast against the batch shape"):
+            d.log_prob(randn((3, 3, 2), 1))
+        assert d.log_prob(randn((4, 1, 3, 2), 1)).shape == (4, 2)

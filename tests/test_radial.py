@@ -13,7 +13,8 @@ import scipy.integrate
 import scipy.special
 import scipy.stats
 import torch
-from torch.distributions import Gamma, Independent, InverseGamma, LogNormal, Normal, Weibull, kl_divergence
+from torch.distributions import (Gamma, Independent, InverseGamma, LogNormal, Normal, Weibull, constraints,
+                                 kl_divergence)
 
 from vmfdist.distributions import Radial, kl_radial_radial, radial_noise
 from vmfdist._ops.random import random_kwargs
@@ -329,3 +330,168 @@ def test_torch_gamma_gamma_agrees_with_eq49():
     eq49 = ((aq - ap) * scipy.special.digamma(aq) - scipy.special.gammaln(aq) + scipy.special.gammaln(ap)
             + ap * (math.log(bq) - math.log(bp)) + aq * (bp - bq) / bq)
     assert kl_divergence(q, p).item() == pytest.approx(eq49, rel=1e-13)
+
+
+# ---------------------------------------------------------------------------
+# batch shapes: Radial(loc, scale, event_dims=k)
+
+
+def test_batch_shapes_and_agreement_with_unbatched():
+    g = torch.Generator().manual_seed(11)
+    loc = torch.randn(2, 3, 4, 5, generator=g, dtype=F64)
+    scale = torch.rand(3, 1, 5, generator=g, dtype=F64) + 0.3  # broadcast against loc
+    w = torch.randn(6, 2, 3, 4, 5, generator=g, dtype=F64)
+    for k in (0, 1, 2, 3, 4):
+        q = Radial(loc, scale, event_dims=k)
+        split = 4 - k
+        assert q.batch_shape == loc.shape[:split] and q.event_shape == loc.shape[split:]
+        assert q.event_dims == k and q.numel == loc.shape[split:].numel()
+        assert q.support.event_dim == k and q.arg_constraints["loc"].event_dim == k
+        lp, h = q.log_prob(w), q.entropy()
+        assert lp.shape == (6,) + q.batch_shape and h.shape == q.batch_shape
+        assert q.sample((7,)).shape == (7,) + loc.shape
+        assert q.variance.shape == loc.shape and torch.equal(q.mean, q.loc)
+        # every batch element is the unbatched Radial over its own event
+        sb = scale.expand_as(loc)
+        for idx in [(0,) * split, tuple(s - 1 for s in loc.shape[:split])]:
+            one = Radial(loc[idx], sb[idx])
+            torch.testing.assert_close(lp[(slice(None),) + idx], one.log_prob(w[(slice(None),) + idx]),
+                                       rtol=1e-14, atol=1e-12)
+            torch.testing.assert_close(h[idx], one.entropy(), rtol=1e-14, atol=1e-13)
+    assert Radial(loc, scale).batch_shape == () and Radial(loc, scale).event_shape == loc.shape  # the default
+
+
+def test_event_dims_zero_is_the_normal_distribution():
+    g = torch.Generator().manual_seed(12)
+    loc, scale = torch.randn(3, 4, generator=g, dtype=F64), torch.rand(3, 4, generator=g, dtype=F64) + 0.5
+    q, n = Radial(loc, scale, event_dims=0), Normal(loc, scale)
+    w = torch.randn(5, 3, 4, generator=g, dtype=F64)
+    torch.testing.assert_close(q.log_prob(w), n.log_prob(w), rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(q.entropy(), n.entropy(), rtol=1e-14, atol=1e-14)
+    x = q.sample((4000,), generator=torch.Generator().manual_seed(3))
+    z = ((x - loc) / scale).reshape(-1).numpy()
+    assert scipy.stats.kstest(z, scipy.stats.norm.cdf).pvalue > 1e-4
+    # a 0-dimensional loc is one D = 1 Radial
+    q0 = Radial(torch.tensor(0.5, dtype=F64), torch.tensor(2.0, dtype=F64))
+    assert q0.event_shape == () and q0.sample((3,)).shape == (3,)
+    assert q0.log_prob(torch.tensor(1.0, dtype=F64)).item() == pytest.approx(
+        scipy.stats.norm(0.5, 2.0).logpdf(1.0), rel=1e-14)
+
+
+def test_batched_samples_per_event_distribution_and_independence():
+    """Each event has its own half-normal radius and uniform direction; events are independent."""
+    n, b, d = 6000, 3, 9
+    g = torch.Generator().manual_seed(13)
+    loc, scale = torch.randn(b, d, generator=g, dtype=F64), torch.rand(b, d, generator=g, dtype=F64) + 0.2
+    q = Radial(loc, scale, event_dims=1)
+    w = q.sample((n,), generator=torch.Generator().manual_seed(4))
+    v = (w - loc) / scale
+    rho = v.norm(dim=-1)  # (n, b)
+    for j in range(b):
+        assert scipy.stats.kstest(rho[:, j].numpy(), scipy.stats.halfnorm.cdf).pvalue > 1e-4
+        u = v[:, j] / rho[:, j:j + 1]
+        assert (u.mean(0).abs() <= Z / math.sqrt(d * n)).all()
+    # radii (and directions) of different events are uncorrelated: |corr| <= Z / sqrt(n)
+    corr = np.corrcoef(rho.T.numpy())
+    assert np.all(np.abs(corr[np.triu_indices(b, 1)]) <= Z / math.sqrt(n))
+    dots = (v[:, 0] * v[:, 1]).sum(-1) / (rho[:, 0] * rho[:, 1])
+    assert abs(dots.mean().item()) <= Z * dots.std().item() / math.sqrt(n)
+    # the unbatched Radial over the whole tensor is a different distribution: one radius for all
+    rho_all = ((Radial(loc, scale).sample((n,), generator=torch.Generator().manual_seed(4)) - loc) / scale).norm(
+        dim=(-2, -1))
+    assert scipy.stats.kstest(rho_all.numpy(), scipy.stats.halfnorm.cdf).pvalue > 1e-4
+
+
+def test_expand_and_batched_rsample_gradients():
+    g = torch.Generator().manual_seed(14)
+    loc = torch.randn(4, generator=g, dtype=F64)
+    scale = torch.rand(4, generator=g, dtype=F64) + 0.5
+    q = Radial(loc, scale)
+    e = q.expand((2, 3))
+    assert isinstance(e, Radial) and e.batch_shape == (2, 3) and e.event_shape == (4,) and e.event_dims == 1
+    assert e.sample((5,)).shape == (5, 2, 3, 4)
+    w = torch.randn(5, 2, 3, 4, generator=g, dtype=F64)
+    torch.testing.assert_close(e.log_prob(w), q.log_prob(w), rtol=0, atol=0)
+    torch.testing.assert_close(e.entropy(), q.entropy().expand(2, 3), rtol=0, atol=0)
+    assert e.support.event_dim == 1
+    b = Radial(loc.expand(3, 4), scale, event_dims=1).expand((2, 3))
+    assert b.batch_shape == (2, 3)
+    with pytest.raises(RuntimeError):  # as torch's own distributions: the tensors cannot expand
+        Radial(loc.expand(3, 4), scale, event_dims=1).expand((2, 4))
+    # gradients of batched samples: loc gets sum over samples, scale the regenerated noise
+    locb = torch.randn(3, 4, generator=g, dtype=F64, requires_grad=True)
+    scaleb = (torch.rand(3, 4, generator=g, dtype=F64) + 0.5).requires_grad_(True)
+    assert torch.autograd.gradcheck(
+        lambda l, s: Radial(l, s, event_dims=1).rsample((2,), generator=torch.Generator().manual_seed(1)),
+        (locb, scaleb))
+    assert torch.autograd.gradcheck(
+        lambda l, s: (Radial(l, s, event_dims=1).log_prob(w[:, 0, :3]), Radial(l, s, event_dims=1).entropy()),
+        (locb, scaleb))
+
+
+def test_support_agrees_with_instances():
+    assert constraints.is_dependent(Radial.support)
+    with pytest.raises(NotImplementedError):
+        Radial.support.event_dim  # depends on event_dims: not known on the class
+    for shape, k in [((3,), None), ((2, 3), None), ((2, 3), 1), ((2, 3), 0)]:
+        q = Radial(torch.zeros(shape, dtype=F64), torch.ones(shape, dtype=F64), event_dims=k)
+        assert q.support.event_dim == len(q.event_shape)
+        assert bool(q.support.check(torch.zeros(shape, dtype=F64)).all())
+    q = Radial(torch.zeros(2, 3, dtype=F64), torch.ones(2, 3, dtype=F64), event_dims=1, validate_args=True)
+    with pytest.raises(ValueError):
+        q.log_prob(torch.full((2, 3), math.nan, dtype=F64))
+
+
+def test_batched_kl_to_normal_and_radial_radial():
+    g = torch.Generator().manual_seed(15)
+    loc, scale = torch.randn(3, 5, generator=g, dtype=F64), torch.rand(3, 5, generator=g, dtype=F64) + 0.4
+    q = Radial(loc, scale, event_dims=1)
+    mp, sp = torch.randn(2, 1, 5, generator=g, dtype=F64), torch.rand(2, 1, 5, generator=g, dtype=F64) + 0.5
+    p = Independent(Normal(mp, sp), 1)
+    kl = kl_divergence(q, p)
+    assert kl.shape == (2, 3)
+    for i in range(2):
+        for j in range(3):
+            one = kl_divergence(Radial(loc[j], scale[j]), Independent(Normal(mp[i, 0], sp[i, 0]), 1))
+            torch.testing.assert_close(kl[i, j], one, rtol=1e-14, atol=1e-14)
+    w = q.sample((40000,), generator=torch.Generator().manual_seed(5))
+    lr = q.log_prob(w).unsqueeze(1) - p.log_prob(w.unsqueeze(1))  # (n, 2, 3)
+    assert ((lr.mean(0) - kl).abs() <= Z * lr.std(0) / math.sqrt(len(lr))).all()
+    with pytest.raises(ValueError, match="event shapes must match"):
+        kl_divergence(q, Independent(Normal(mp, sp), 2))
+    # k = 0 against Independent(Normal, 0): the normal KL elementwise
+    kl0 = kl_divergence(Radial(loc, scale, event_dims=0), Independent(Normal(mp[0], sp[0]), 0))
+    torch.testing.assert_close(kl0, kl_divergence(Normal(loc, scale), Normal(mp[0], sp[0])), rtol=1e-13, atol=1e-14)
+    # the Monte Carlo KL between Radials is batched too
+    p2 = Radial(torch.zeros(5, dtype=F64), torch.ones(5, dtype=F64))
+    est = kl_radial_radial(q, p2, 8, generator=torch.Generator().manual_seed(6))
+    assert est.shape == (3,)
+    with pytest.raises(ValueError, match="num_samples must be a positive int"):
+        kl_radial_radial(q, p2, 0)
+
+
+def test_radial_errors_name_the_argument():
+    loc = torch.zeros(3)
+    with pytest.raises(ValueError, match="scale must be on the same device as loc"):
+        Radial(loc, torch.ones(3, device="meta"))
+    with pytest.raises(TypeError, match="loc must be real"):
+        Radial(torch.zeros(3, dtype=torch.complex64), torch.ones(3))
+    with pytest.raises(TypeError, match="scale must be real"):
+        Radial(loc, torch.ones(3, dtype=torch.complex128))
+    with pytest.raises(TypeError, match="scale must be a tensor or a real number, got None"):
+        Radial(loc, None)
+    with pytest.raises(ValueError, match="do not broadcast"):
+        Radial(loc, torch.ones(4))
+    with pytest.raises(ValueError, match=r"event_dims must be between 0 and loc.dim\(\) = 1"):
+        Radial(loc, torch.ones(3), event_dims=2)
+    with pytest.raises(ValueError, match="event_dims must be between"):
+        Radial(loc, torch.ones(3), event_dims=-1)
+    with pytest.raises(TypeError, match="event_dims must be an int"):
+        Radial(loc, torch.ones(3), event_dims=True)
+    with pytest.raises(ValueError, match="at least one element"):
+        Radial(torch.zeros(2, 0), torch.ones(2, 0), event_dims=1)
+    q = Radial(torch.zeros(2, 3), torch.ones(2, 3), event_dims=1)
+    with pytest.raises(ValueError, match=r"Radial.log_prob: value must end in the event shape \(3,\)"):
+        q.log_prob(torch.zeros(2, 4))
+    # an empty batch samples (validation off: torch's independent constraint cannot reshape 0 elements)
+    assert Radial(torch.zeros(0, 3), torch.ones(0, 3), event_dims=1, validate_args=False).sample((2,)).shape == (2, 0, 3)

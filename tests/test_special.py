@@ -574,6 +574,24 @@ def test_mixed_devices_name_the_arguments(fn, device):
         fn(torch.ones(3, device=device), torch.ones(3))
 
 
+ELEMENTWISE_FNS = GRAD_FNS + [S.bessel_iv_ratio_approx, S.log_bessel_iv_asymptotic, S.log_bessel_iv_series,
+                              S.bessel_iv_ratio_bounds]
+
+
+@pytest.mark.parametrize("fn", ELEMENTWISE_FNS, ids=lambda f: f.__name__)
+def test_meta_mixed_with_cpu_is_an_error(fn):
+    """A meta tensor sends the call to the fake kernel, which used to return uninitialised
+    CPU memory for (CPU, meta) arguments; both orders must raise, naming the arguments."""
+    cpu, meta = torch.tensor([1.5]), torch.tensor([2.0], device="meta")
+    with pytest.raises(RuntimeError, match="z must be on the same device as nu, got z on meta and nu on cpu"):
+        fn(cpu, meta)
+    with pytest.raises(RuntimeError, match="z must be on the same device as nu, got z on cpu and nu on meta"):
+        fn(meta, cpu)
+    out = fn(meta, meta)  # all on meta: the fake kernel's shapes
+    for o in (out if isinstance(out, tuple) else (out,)):
+        assert o.device.type == "meta" and o.shape == (1,)
+
+
 # ---------------------------------------------------------------------------
 # (g) broadcasting
 

@@ -15,7 +15,6 @@
 #include <type_traits>
 
 #include "vmfdist/fast_normal.h"
-#include "host/tensor_checks.h"
 #include "vmfdist/vmf.h"
 #include "host/random_state.h"
 #include "host/vmf_checks.h"
@@ -146,31 +145,10 @@ std::tuple<at::Tensor, at::Tensor> vmf_sample_cpu(const at::Tensor& loc_in, cons
   return {x, omw};
 }
 
-at::Tensor vmf_marginal_grad_cpu(const at::Tensor& omw_in, const at::Tensor& kappa_in, int64_t dim) {
-  TORCH_CHECK(dim >= 2, "vmf_marginal_grad: dim must be at least 2, got ", dim);
-  auto [omw, kappa] = prepare_binary(omw_in, kappa_in, "vmf_marginal_grad");
-  at::Tensor out = at::empty_like(omw);
-  const int64_t n = omw.numel();
-  const double d = static_cast<double>(dim);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, omw.scalar_type(), "vmf_marginal_grad", [&] {
-    const scalar_t* po = omw.const_data_ptr<scalar_t>();
-    const scalar_t* pk = kappa.const_data_ptr<scalar_t>();
-    scalar_t* pg = out.mutable_data_ptr<scalar_t>();
-    at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        pg[i] = static_cast<scalar_t>(
-            vmf::dw_dkappa(static_cast<double>(po[i]), static_cast<double>(pk[i]), d));
-      }
-    });
-  });
-  return out;
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(vmfdist, CPU, m) {
   m.impl("vmf_sample", &vmf_sample_cpu);
-  m.impl("vmf_marginal_grad", &vmf_marginal_grad_cpu);
 }
 
 }  // namespace vmfdist

@@ -19,7 +19,6 @@
 #include <type_traits>
 
 #include "vmfdist/fast_normal.h"
-#include "host/tensor_checks.h"
 #include "vmfdist/vmf.h"
 #include "host/vmf_checks.h"
 #include "cuda/launch.cuh"
@@ -101,14 +100,6 @@ __global__ void vmf_sample_kernel(const scalar_t* __restrict__ loc, const scalar
   }
 }
 
-template <class scalar_t>
-__global__ void vmf_marginal_grad_kernel(const scalar_t* __restrict__ omw, const scalar_t* __restrict__ kappa,
-                                         scalar_t* __restrict__ out, int64_t n, double d) {
-  for (int64_t i : launch::grid_stride(n)) {
-    out[i] = static_cast<scalar_t>(vmf::dw_dkappa(static_cast<double>(omw[i]), static_cast<double>(kappa[i]), d));
-  }
-}
-
 std::tuple<at::Tensor, at::Tensor> vmf_sample_cuda(const at::Tensor& loc_in, const at::Tensor& kappa_in,
                                                    c10::SymInt num_samples_in, std::optional<at::Generator> generator,
                                                    std::optional<int64_t> seed, std::optional<int64_t> offset) {
@@ -132,27 +123,10 @@ std::tuple<at::Tensor, at::Tensor> vmf_sample_cuda(const at::Tensor& loc_in, con
   return {x, omw};
 }
 
-at::Tensor vmf_marginal_grad_cuda(const at::Tensor& omw_in, const at::Tensor& kappa_in, int64_t dim) {
-  TORCH_CHECK(dim >= 2, "vmf_marginal_grad: dim must be at least 2, got ", dim);
-  auto [omw, kappa] = prepare_binary(omw_in, kappa_in, "vmf_marginal_grad");
-  const c10::cuda::CUDAGuard guard(omw.device());
-  at::Tensor out = at::empty_like(omw);
-  const int64_t n = omw.numel();
-  if (n == 0) return out;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, omw.scalar_type(), "vmf_marginal_grad", [&] {
-    vmf_marginal_grad_kernel<scalar_t><<<blocks_for(n), kThreads, 0, launch::stream()>>>(
-        omw.const_data_ptr<scalar_t>(), kappa.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), n,
-        static_cast<double>(dim));
-  });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return out;
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(vmfdist, CUDA, m) {
   m.impl("vmf_sample", &vmf_sample_cuda);
-  m.impl("vmf_marginal_grad", &vmf_marginal_grad_cuda);
 }
 
 }  // namespace vmfdist

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "host/tensor_checks.h"
 #include "vmfdist/kron.h"
 #include "vmfdist/philox.h"
 
@@ -75,14 +76,6 @@ inline at::ScalarType common_float_dtype(const char* op, std::initializer_list<s
     dt = dt ? at::promote_types(*dt, t.scalar_type()) : t.scalar_type();
   }
   return *dt;
-}
-
-inline void check_same_device(const char* op, std::initializer_list<std::pair<const char*, at::Tensor>> ts) {
-  const auto& [n0, t0] = *ts.begin();
-  for (const auto& [name, t] : ts) {
-    TORCH_CHECK(t.device() == t0.device(), op, ": ", name, " must be on the same device as ", n0, ", got ",
-                t.device(), " and ", t0.device());
-  }
 }
 
 // Offsets of the batch entries of `s` (contiguous, shape (sb..., out, in) with sb

@@ -1,33 +1,25 @@
-// Host-side argument handling shared by the CPU and CUDA operator wrappers
+// Host-side argument checks shared by the CPU and CUDA operator wrappers
 // (torch headers; not for device code).
 #pragma once
 
 #include <ATen/ATen.h>
-#include <ATen/ExpandUtils.h>
 
+#include <initializer_list>
 #include <utility>
-#include <vector>
 
 namespace vmfdist {
 
-// Broadcast (nu, z) to a common shape and a common floating dtype, contiguous.
-// Integer inputs are promoted to the default float dtype; complex is rejected.
-inline std::pair<at::Tensor, at::Tensor> prepare_binary(const at::Tensor& nu, const at::Tensor& z,
-                                                        const char* op) {
-  TORCH_CHECK(nu.device() == z.device(), op, ": nu and z must be on the same device, got nu on ",
-              nu.device(), " and z on ", z.device());
-  TORCH_CHECK(!nu.is_complex(), op, ": nu must be real, got dtype ", nu.scalar_type());
-  TORCH_CHECK(!z.is_complex(), op, ": z must be real, got dtype ", z.scalar_type());
-  at::ScalarType dt = at::result_type(nu, z);
-  if (!at::isFloatingType(dt)) dt = at::typeMetaToScalarType(at::get_default_dtype());
-  std::vector<int64_t> shape;
-  try {
-    shape = at::infer_size(nu.sizes(), z.sizes());
-  } catch (const c10::Error&) {
-    TORCH_CHECK(false, op, ": nu (shape ", nu.sizes(), ") and z (shape ", z.sizes(),
-                ") cannot be broadcast together");
+// All tensor arguments of `op` on one device, e.g.
+//   check_same_device("vmf_sample", {{"loc", loc}, {"concentration", kappa}});
+// The error names the first argument found on another device than the first one.
+// (The fake kernels in vmfdist/_ops make the same check, since a tensor on "meta"
+// sends the call to them instead of to a CPU or CUDA kernel.)
+inline void check_same_device(const char* op, std::initializer_list<std::pair<const char*, at::Tensor>> ts) {
+  const auto& [n0, t0] = *ts.begin();
+  for (const auto& [name, t] : ts) {
+    TORCH_CHECK(t.device() == t0.device(), op, ": ", name, " must be on the same device as ", n0, ", got ", name,
+                " on ", t.device(), " and ", n0, " on ", t0.device());
   }
-  return {nu.to(dt).expand(shape).contiguous(), z.to(dt).expand(shape).contiguous()};
 }
 
 }  // namespace vmfdist

@@ -22,8 +22,7 @@ inline void check_vmf_sample_args(const at::Tensor& loc, const at::Tensor& kappa
               loc.scalar_type());
   TORCH_CHECK(loc.scalar_type() == kappa.scalar_type(), op, ": loc and concentration must have the same dtype, got ",
               loc.scalar_type(), " and ", kappa.scalar_type());
-  TORCH_CHECK(loc.device() == kappa.device(), op, ": loc and concentration must be on the same device, got ",
-              loc.device(), " and ", kappa.device());
+  check_same_device(op, {{"loc", loc}, {"concentration", kappa}});
   TORCH_CHECK(num_samples >= 0, op, ": num_samples must be non-negative, got ", num_samples);
   TORCH_CHECK(loc.size(0) == 0 || num_samples <= (philox::kMaxIndex - 1) / loc.size(0), op,
               ": num_samples * batch must be below 2^48");

@@ -15,7 +15,23 @@ from .. import _C  # noqa: F401  (loading the library runs the TORCH_LIBRARY reg
 lib = torch.ops.vmfdist
 
 
-def _binary_result(nu: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+def _check_same_device(op: str, **tensors: torch.Tensor) -> None:
+    """All ``tensors`` (keyword: argument name) on one device, as the C++ kernels require.
+
+    A fake kernel must make this check itself: a tensor on ``meta`` sends the whole call
+    here instead of to the CPU or CUDA kernel, which would have refused it.
+    """
+    (first, t0), *rest = tensors.items()
+    for name, t in rest:
+        torch._check(t.device == t0.device,
+                     lambda: f"{op}: {name} must be on the same device as {first}, got {name} on {t.device} "
+                             f"and {first} on {t0.device}")
+
+
+def _binary_result(nu: torch.Tensor, z: torch.Tensor, op: str = "vmfdist", names=("nu", "z")) -> torch.Tensor:
+    """The output of an elementwise op (``csrc/include/vmfdist/elementwise.h``): the broadcast
+    shape, contiguous, in the promoted floating dtype, on the inputs' common device."""
+    _check_same_device(op, **{names[0]: nu, names[1]: z})
     dt = torch.result_type(nu, z)
     if not dt.is_floating_point:
         dt = torch.get_default_dtype()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ._lib import _sum_to, lib
+from ._lib import _check_same_device, _sum_to, lib
 
 
 def _kron_promote(op, **named):
@@ -40,6 +40,7 @@ def _kron_batch(op, **named):
 @torch.library.register_fake("vmfdist::kron_eigen_matvec")
 def _(q_out, q_in, scale, v, power=1.0):
     op = "kron_eigen_matvec"
+    _check_same_device(op, v=v, q_out=q_out, q_in=q_in, scale=scale)
     torch._check(v.dim() >= 2, lambda: f"{op}: v must have shape (..., out, in), got {tuple(v.shape)}")
     o, i = v.shape[-2], v.shape[-1]
     _kron_check_matrix(op, "q_out", q_out, o, o, "the out x out eigenbasis, out = v.size(-2)")
@@ -61,6 +62,7 @@ def _(variance, size, seed_offset, power=0.5):
 @torch.library.register_fake("vmfdist::kron_eigen_sample")
 def _(loc, q_out, q_in, variance, num_samples, *, generator=None, seed=None, offset=None):
     op = "kron_eigen_sample"
+    _check_same_device(op, loc=loc, q_out=q_out, q_in=q_in, variance=variance)
     torch._check(loc.dim() >= 2, lambda: f"{op}: loc must have shape (..., out, in), got {tuple(loc.shape)}")
     o, i = loc.shape[-2], loc.shape[-1]
     _kron_check_matrix(op, "q_out", q_out, o, o, "the out x out eigenbasis, out = loc.size(-2)")

@@ -6,12 +6,13 @@ import math
 
 import torch
 
-from ._lib import _once_differentiable, lib
+from ._lib import _check_same_device, _once_differentiable, lib
 
 
 @torch.library.register_fake("vmfdist::radial_noise")
 def _(loc, scale, num_samples, rowwise=False, *, generator=None, seed=None, offset=None):
     # the same checks and shapes as csrc/host/radial_checks.h
+    _check_same_device("radial_noise", loc=loc, scale=scale)
     torch._check(loc.dtype.is_floating_point, lambda: f"radial_noise: loc must be a floating tensor, got {loc.dtype}")
     torch._check(loc.dtype == scale.dtype, lambda: "radial_noise: loc and scale must have the same dtype")
     torch._check(loc.shape == scale.shape, lambda: "radial_noise: loc and scale must have the same shape")

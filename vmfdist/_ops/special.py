@@ -12,31 +12,32 @@ from ._lib import _binary_result, _sum_to, lib
 
 @torch.library.register_fake("vmfdist::bessel_iv_ratio")
 def _(nu, z, complement=False):
-    return _binary_result(nu, z)
+    return _binary_result(nu, z, "bessel_iv_ratio")
 
 
 @torch.library.register_fake("vmfdist::bessel_iv_ratio_grad")
 def _(nu, z):
-    return _binary_result(nu, z)
+    return _binary_result(nu, z, "bessel_iv_ratio_grad")
 
 
 @torch.library.register_fake("vmfdist::log_bessel_iv")
 def _(nu, z, scaled=False):
-    return _binary_result(nu, z)
+    return _binary_result(nu, z, "log_bessel_iv")
 
 
 @torch.library.register_fake("vmfdist::log_bessel_iv_grad")
 def _(nu, z, scaled=False):
-    return _binary_result(nu, z)
+    return _binary_result(nu, z, "log_bessel_iv_grad")
 
 
 @torch.library.register_fake("vmfdist::bessel_iv_ratio_bounds")
 def _(nu, z, theorem=5):
-    return _binary_result(nu, z), _binary_result(nu, z)
+    torch._check(theorem in (4, 5), lambda: f"bessel_iv_ratio_bounds: theorem must be 4 or 5, got {theorem}")
+    return _binary_result(nu, z, "bessel_iv_ratio_bounds"), _binary_result(nu, z, "bessel_iv_ratio_bounds")
 
 
 for _name in ("bessel_iv_ratio_approx", "log_bessel_iv_asymptotic", "log_bessel_iv_series"):
-    torch.library.register_fake(f"vmfdist::{_name}")(lambda nu, z: _binary_result(nu, z))
+    torch.library.register_fake(f"vmfdist::{_name}")(lambda nu, z, _op=_name: _binary_result(nu, z, _op))
 
 
 # autograd: derivatives w.r.t. z.  The order nu is not differentiable.

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from ._lib import _binary_result, _once_differentiable, lib
+from ._lib import _binary_result, _check_same_device, _once_differentiable, lib
 
 
 @torch.library.register_fake("vmfdist::vmf_sample")
 def _(loc, concentration, num_samples, *, generator=None, seed=None, offset=None):
+    _check_same_device("vmf_sample", loc=loc, concentration=concentration)
     torch._check(loc.dim() == 2, lambda: f"vmf_sample: loc must have shape (batch, d), got {tuple(loc.shape)}")
     torch._check(loc.shape[1] >= 2, lambda: f"vmf_sample: the dimension d = loc.size(-1) must be at least 2")
     torch._check(concentration.dim() == 1 and concentration.shape[0] == loc.shape[0],
@@ -23,7 +24,7 @@ def _(loc, concentration, num_samples, *, generator=None, seed=None, offset=None
 
 @torch.library.register_fake("vmfdist::vmf_marginal_grad")
 def _(one_minus_w, concentration, dim):
-    return _binary_result(one_minus_w, concentration)
+    return _binary_result(one_minus_w, concentration, "vmf_marginal_grad", ("one_minus_w", "concentration"))
 
 
 def householder(mu: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -5,10 +5,14 @@
 * KL divergences torch lacks for the radius priors: LogNormal||Gamma,
   LogNormal||InverseGamma, Weibull||Weibull (``kl.py``)
 * :class:`MatrixNormal`, :class:`EigenvalueCorrectedMatrixNormal` (``matrix_normal.py``)
+* :class:`StereographicTransform`, :class:`NormalizeTransform`: ``biject_to(sphere)`` and
+  ``transform_to(sphere)`` (``transforms.py``)
 """
 from . import kl  # noqa: F401  (registers the KL divergences)
+from . import transforms  # noqa: F401  (registers biject_to / transform_to for the sphere)
 from .matrix_normal import EigenvalueCorrectedMatrixNormal, MatrixNormal  # noqa: F401
 from .radial import Radial, kl_radial_radial, radial_noise  # noqa: F401
+from .transforms import NormalizeTransform, StereographicTransform  # noqa: F401
 from .von_mises_fisher import (  # noqa: F401
     HypersphericalUniform,
     VonMisesFisher,
@@ -30,4 +34,6 @@ __all__ = [
     "log_sphere_area",
     "vmf_log_normalizer",
     "sphere",
+    "StereographicTransform",
+    "NormalizeTransform",
 ]

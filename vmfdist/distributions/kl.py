@@ -2,11 +2,13 @@ r"""Every KL divergence of vmfdist, registered with :func:`torch.distributions.k
 (as torch keeps its own in ``torch/distributions/kl.py``), so
 ``torch.distributions.kl_divergence(q, p)`` simply works.
 
-* von Mises--Fisher: vMF||vMF, vMF||HypersphericalUniform, HypersphericalUniform||HypersphericalUniform
+* von Mises--Fisher: vMF||vMF, vMF||HypersphericalUniform, HypersphericalUniform||vMF,
+  HypersphericalUniform||HypersphericalUniform
 * Radial||Independent(Normal) in closed form (Radial||Radial raises: use
-  :func:`vmfdist.distributions.kl_radial_radial`, a Monte Carlo estimate)
+  :func:`~vmfdist.distributions.radial.kl_radial_radial`, a Monte Carlo estimate)
 * the matrix normals: MatrixNormal||MatrixNormal, MatrixNormal||Independent(Normal),
-  EigenvalueCorrectedMatrixNormal||Independent(Normal), and EVMN||EVMN with shared bases
+  EigenvalueCorrectedMatrixNormal||Independent(Normal), EVMN||EVMN with shared bases, and
+  MatrixNormal||EVMN, EVMN||MatrixNormal
 * the radius priors of the radial--directional layers, which torch lacks:
   LogNormal||Gamma, LogNormal||InverseGamma, Weibull||Weibull
 
@@ -98,6 +100,34 @@ def _kl_vmf_uniform(q, p):
     return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))
 
 
+@register_kl(HypersphericalUniform, VonMisesFisher)
+def _kl_uniform_vmf(q, p):
+    r"""KL(uniform || vMF) :math:`= -\log S_{d-1} - \log C_d(\kappa) - \kappa\mu^T E_q[x]
+    = -\log S_{d-1} - \log C_d(\kappa)`, since :math:`E_q[x] = 0`.  Independent of :math:`\mu`.
+
+    With :math:`I_\nu(\kappa) = (\kappa/2)^\nu\,{}_0F_1(;\nu+1;\kappa^2/4)/\Gamma(\nu+1)` this is
+    :math:`\log{}_0F_1(;d/2;\kappa^2/4)`: for :math:`\kappa^2/4 \le d/8` it is summed as that
+    series (12 terms, each at most a quarter of the one before, through ``log1p``), so small
+    values (:math:`\approx\kappa^2/(2d)`) keep their relative precision at any d; above, as
+    :math:`\kappa - (\log C_d(\kappa) + \kappa) - \log S_{d-1}` with the scaled log-normaliser
+    (the value is then at least 0.23, and grows like :math:`\kappa - \tfrac{d-1}{2}\log\kappa`)."""
+    if q.dim != p.dim:
+        raise ValueError(f"KL(uniform || vMF) needs the same dimension, got {q.dim} and {p.dim}")
+    k = p.concentration
+    b = 0.5 * p.dim
+    x = 0.25 * k * k
+    small = x <= 0.25 * b
+    xs = torch.where(small, x, torch.zeros_like(x))
+    term, total = torch.ones_like(xs), torch.zeros_like(xs)
+    for n in range(12):  # 0F1(; b; x) - 1 = sum_{n >= 1} x^n / ((b)_n n!)
+        term = term * xs / ((b + n) * (n + 1))
+        total = total + term
+    series = torch.log1p(total)
+    direct = k - p.log_normalizer(scaled=True) - log_sphere_area(p.dim, dtype=k.dtype, device=k.device)
+    kl = torch.where(small, series, direct)
+    return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))
+
+
 @register_kl(HypersphericalUniform, HypersphericalUniform)
 def _kl_uniform_uniform(q, p):
     if q.dim != p.dim:
@@ -110,17 +140,24 @@ def _kl_uniform_uniform(q, p):
 def _kl_radial_normal(q, p):
     r"""KL(Radial(mu, sigma) || prod_i N(mu_p,i, sigma_p,i^2)) in closed form:
     :math:`-H[q] + \sum_i [\tfrac12\log 2\pi\sigma_{p,i}^2 + ((\mu_i - \mu_{p,i})^2 + \sigma_i^2/D)/(2\sigma_{p,i}^2)]`,
-    since :math:`E[v_i] = 0`, :math:`E[v_i^2] = 1/D` and the cross terms vanish."""
-    if not isinstance(p.base_dist, Normal) or p.reinterpreted_batch_ndims != q.loc.dim():
-        raise NotImplementedError("KL(Radial || Independent) is implemented for Independent(Normal(...), "
-                                  "loc.dim()) over the same event shape")
-    if tuple(p.event_shape) != tuple(q.event_shape) or tuple(p.batch_shape) != ():
-        raise ValueError(f"KL(Radial || Independent(Normal)): event shapes must match with batch shape (), got "
-                         f"{tuple(q.event_shape)} and {tuple(p.batch_shape)} + {tuple(p.event_shape)}")
+    since :math:`E[v_i] = 0`, :math:`E[v_i^2] = 1/D` and the cross terms vanish.  The sum runs
+    over the event; batch shapes broadcast."""
+    if not isinstance(p.base_dist, Normal):
+        raise NotImplementedError(f"KL(Radial || Independent) is implemented for Independent(Normal(...), "
+                                  f"event_dims) over the same event shape, got a base distribution "
+                                  f"{type(p.base_dist).__name__}")
+    if tuple(p.event_shape) != tuple(q.event_shape):
+        raise ValueError(f"KL(Radial || Independent(Normal)): event shapes must match, got {tuple(q.event_shape)} "
+                         f"and {tuple(p.event_shape)} (p = Independent(Normal(loc, scale), "
+                         f"reinterpreted_batch_ndims) must reinterpret the Radial's event_dims = {q.event_dims} "
+                         f"dimensions)")
+    batch = torch.broadcast_shapes(q.batch_shape, p.batch_shape)
     mp, sp = p.base_dist.loc, p.base_dist.scale
     d = q.numel
     cross = 0.5 * torch.log(2 * math.pi * sp.pow(2)) + ((q.loc - mp).pow(2) + q.scale.pow(2) / d) / (2 * sp.pow(2))
-    return cross.sum() - q.entropy()
+    k = q.event_dims
+    cross = cross.sum(tuple(range(-k, 0))) if k else cross
+    return (cross - q.entropy()).expand(batch)
 
 
 @register_kl(Radial, Radial)
@@ -211,4 +248,43 @@ def _kl_emvg_emvg(q, p):
     sq, sp = q._s, p._s
     proj = p._q_out.mT @ (q.loc - p.loc) @ p._q_in
     kl = 0.5 * ((sq / sp).sum((-2, -1)) + (proj.pow(2) / sp).sum((-2, -1)) - k) + p._half_logdet() - q._half_logdet()
+    return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))
+
+
+@register_kl(MatrixNormal, EigenvalueCorrectedMatrixNormal)
+def _kl_matrix_normal_emvg(q, p):
+    r"""KL(:math:`\mathcal{MN}(M_q, U, V)` || EMVG(:math:`M_p, Q_o, Q_i, S`)).  In the target's
+    eigenbasis :math:`(Q_o\otimes Q_i)^T(U\otimes V)(Q_o\otimes Q_i) = (Q_o^TUQ_o)\otimes(Q_i^TVQ_i)`,
+    so the trace term is :math:`\sum_{ij}[Q_o^TUQ_o]_{ii}[Q_i^TVQ_i]_{jj}/S_{ij}`, with
+    :math:`[Q_o^TUQ_o]_{ii} = \|(A^TQ_o)_{:,i}\|^2` for :math:`U = AA^T`:
+
+    :math:`\tfrac12\big[\sum_{ij}\frac{u_iv_j}{S_{ij}} + \sum\frac{(Q_o^T\Delta Q_i)^2}{S} - nm\big]
+    + \tfrac12\sum\log S - \tfrac12\log\det(U\otimes V)`, :math:`\Delta = M_q - M_p`.
+    The bases are taken as orthogonal (as the EMVG's density does)."""
+    _check_events(q, p, "MatrixNormal || EigenvalueCorrectedMatrixNormal")
+    k = q.event_shape[0] * q.event_shape[1]
+    u = (q._row_tril.mT @ p._q_out).pow(2).sum(-2)  # diag(Q_o^T U Q_o), (..., out)
+    v = (q._col_tril.mT @ p._q_in).pow(2).sum(-2)  # diag(Q_i^T V Q_i), (..., in)
+    tr = (u.unsqueeze(-1) * v.unsqueeze(-2) / p._s).sum((-2, -1))
+    maha = p._mahalanobis(q.loc - p.loc)
+    kl = 0.5 * (tr + maha - k) + p._half_logdet() - q._half_logdet()
+    return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))
+
+
+@register_kl(EigenvalueCorrectedMatrixNormal, MatrixNormal)
+def _kl_emvg_matrix_normal(q, p):
+    r"""KL(EMVG(:math:`M_q, Q_o, Q_i, S`) || :math:`\mathcal{MN}(M_p, U, V)`).  With
+    :math:`\Sigma_q = (Q_o\otimes Q_i)\,\mathrm{diag}(\mathrm{vec}\,S)(Q_o\otimes Q_i)^T`,
+    :math:`\mathrm{tr}((U^{-1}\otimes V^{-1})\Sigma_q) = \sum_{ij} S_{ij}[Q_o^TU^{-1}Q_o]_{ii}[Q_i^TV^{-1}Q_i]_{jj}`
+    and :math:`[Q_o^TU^{-1}Q_o]_{ii} = \|(A^{-1}Q_o)_{:,i}\|^2` (a triangular solve):
+
+    :math:`\tfrac12\big[\sum_{ij}S_{ij}a_ib_j + \|A^{-1}\Delta B^{-T}\|_F^2 - nm\big]
+    + \tfrac12\log\det(U\otimes V) - \tfrac12\sum\log S`."""
+    _check_events(q, p, "EigenvalueCorrectedMatrixNormal || MatrixNormal")
+    k = q.event_shape[0] * q.event_shape[1]
+    a = torch.linalg.solve_triangular(p._row_tril, q._q_out, upper=False).pow(2).sum(-2)  # (..., out)
+    b = torch.linalg.solve_triangular(p._col_tril, q._q_in, upper=False).pow(2).sum(-2)  # (..., in)
+    tr = (q._s * a.unsqueeze(-1) * b.unsqueeze(-2)).sum((-2, -1))
+    maha = p._mahalanobis(q.loc - p.loc)
+    kl = 0.5 * (tr + maha - k) + p._half_logdet() - q._half_logdet()
     return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))

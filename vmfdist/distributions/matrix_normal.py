@@ -29,6 +29,7 @@ tested against dense linear algebra in ``tests/test_kron.py`` (:math:`U` is
 """
 from __future__ import annotations
 
+from numbers import Real
 from typing import Optional
 
 import torch
@@ -37,6 +38,7 @@ from torch.distributions.utils import lazy_property
 
 from ..linalg import kron_eigen_sample
 from ._constants import LOG_2PI
+from ._validation import as_real_tensor, check_value, validate_params
 
 __all__ = ["MatrixNormal", "EigenvalueCorrectedMatrixNormal", "orthogonal"]
 
@@ -71,13 +73,8 @@ _positive_matrix = constraints.independent(constraints.positive, 2)
 
 
 def _as_float(name: str, x, like: Optional[torch.Tensor] = None) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        x = torch.as_tensor(x, dtype=None if like is None else like.dtype, device=None if like is None else like.device)
-    if not (x.is_floating_point()):
-        if x.is_complex():
-            raise TypeError(f"{name} must be real, got dtype {x.dtype}")
-        x = x.to(torch.get_default_dtype())
-    return x
+    return as_real_tensor(name, x, dtype=None if like is None else like.dtype,
+                          device=None if like is None else like.device)
 
 
 def _check_trailing(name: str, t: torch.Tensor, rows: int, cols: int, what: str) -> None:
@@ -148,6 +145,32 @@ def eigen_marginal_variance(q_out: torch.Tensor, q_in: torch.Tensor, variance: t
     return (q_out * q_out) @ variance @ (q_in * q_in).mT
 
 
+def _factor_argument(side: str, cov, tril, n: int, loc: torch.Tensor, what: str):
+    """One side's covariance argument of :class:`MatrixNormal` as ``(name, matrix, tril)``:
+    the name given (``{side}_covariance`` or ``{side}_scale_tril``; the identity is reported
+    as a ``scale_tril``), the matrix to store under that name, and its lower Cholesky factor
+    when it is known without a factorisation (a scale_tril, a scalar, the identity), else None."""
+    cov_name, tril_name = f"{side}_covariance", f"{side}_scale_tril"
+    if cov is not None and tril is not None:
+        raise ValueError(f"at most one of {cov_name} or {tril_name} may be given (neither means the identity)")
+    if cov is None and tril is None:
+        eye = torch.eye(n, dtype=loc.dtype, device=loc.device)
+        return tril_name, eye, eye
+    name = cov_name if tril is None else tril_name
+    value = cov if tril is None else tril
+    t = _as_float(name, value, loc)
+    if t.dim() == 0:  # a scalar c: U = c I, factor sqrt(c) I (a scale_tril s: A = s I)
+        # a Python number is checked on the host value (no device read-back, nothing for
+        # torch.compile to break on); a 0-dim tensor as the Cholesky check of a matrix would be
+        positive = value > 0 if isinstance(value, Real) else (t.device.type == "meta" or bool(t > 0))
+        if not positive:
+            raise ValueError(f"{name} given as a scalar must be positive, got {float(value)}")
+        eye = torch.eye(n, dtype=t.dtype, device=t.device)
+        return name, t * eye, (t.sqrt() if tril is None else t) * eye
+    _check_trailing(name, t, n, n, what)
+    return name, t, t if tril is not None else None
+
+
 # ---------------------------------------------------------------------------------
 class _KroneckerGaussian(Distribution):
     """What the two matrix-variate Gaussians share: mean and mode ``loc``; the density
@@ -176,6 +199,7 @@ class _KroneckerGaussian(Distribution):
 
     def log_prob(self, value):
         r""":math:`-\tfrac12\big(nm\log 2\pi + \log\det\mathrm{Cov} + \text{Mahalanobis term}\big)`."""
+        check_value(type(self).__name__, value, self.batch_shape, self.event_shape)
         if self._validate_args:
             self._validate_sample(value)
         return -0.5 * (self._event_size() * LOG_2PI + self._mahalanobis(value - self.loc)) - self._half_logdet()
@@ -197,19 +221,23 @@ class MatrixNormal(_KroneckerGaussian):
 
     Args:
         loc: the mean :math:`M`, shape ``(..., out, in)``.
-        row_covariance: :math:`U`, ``(..., out, out)``, positive definite (among rows).
-        column_covariance: :math:`V`, ``(..., in, in)``, positive definite (among columns).
+        row_covariance: :math:`U`, ``(..., out, out)``, positive definite (among rows), or a
+            positive scalar :math:`c` for :math:`U = cI`.
+        column_covariance: :math:`V`, ``(..., in, in)``, positive definite (among columns), or
+            a positive scalar :math:`c` for :math:`V = cI`.
         row_scale_tril: :math:`A`, the lower Cholesky factor of :math:`U` (positive diagonal),
-            instead of ``row_covariance``.
-        column_scale_tril: :math:`B`, instead of ``column_covariance``.
+            instead of ``row_covariance``; a scalar :math:`s` means :math:`A = sI`.
+        column_scale_tril: :math:`B`, instead of ``column_covariance`` (a scalar likewise).
         validate_args: as in :mod:`torch.distributions` (checks positive definiteness or the
             lower-Cholesky structure, and samples passed to :meth:`log_prob`).
 
-    Exactly one of ``row_covariance`` / ``row_scale_tril`` and exactly one of
-    ``column_covariance`` / ``column_scale_tril`` must be given.  ``batch_shape`` is the
-    broadcast of the arguments' leading dimensions, ``event_shape`` is ``(out, in)``.
-    :meth:`rsample` is reparameterised (one call of the compiled ``kron_eigen_sample``
-    op with the Cholesky factors as bases), and takes an optional ``generator``.
+    At most one of ``row_covariance`` / ``row_scale_tril`` and at most one of
+    ``column_covariance`` / ``column_scale_tril`` may be given; where neither is, that
+    covariance is the identity (``MatrixNormal(loc)`` has i.i.d. standard normal entries
+    around ``loc``).  ``batch_shape`` is the broadcast of the arguments' leading dimensions,
+    ``event_shape`` is ``(out, in)``.  :meth:`rsample` is reparameterised (one call of the
+    compiled ``kron_eigen_sample`` op with the Cholesky factors as bases), and takes an
+    optional ``generator``.
     """
 
     arg_constraints = {
@@ -226,16 +254,12 @@ class MatrixNormal(_KroneckerGaussian):
         if loc.dim() < 2:
             raise ValueError(f"loc must have shape (..., out, in), got shape {tuple(loc.shape)}")
         out, inn = loc.shape[-2:]
-        if (row_covariance is None) == (row_scale_tril is None):
-            raise ValueError("exactly one of row_covariance or row_scale_tril must be given")
-        if (column_covariance is None) == (column_scale_tril is None):
-            raise ValueError("exactly one of column_covariance or column_scale_tril must be given")
-        row_name = "row_covariance" if row_scale_tril is None else "row_scale_tril"
-        col_name = "column_covariance" if column_scale_tril is None else "column_scale_tril"
-        row = _as_float(row_name, row_covariance if row_scale_tril is None else row_scale_tril, loc)
-        col = _as_float(col_name, column_covariance if column_scale_tril is None else column_scale_tril, loc)
-        _check_trailing(row_name, row, out, out, "out x out with out = loc.size(-2)")
-        _check_trailing(col_name, col, inn, inn, "in x in with in = loc.size(-1)")
+        # (the messages name the sizes only when raised: formatting a symbolic size here would
+        # specialise it under torch.compile)
+        row_name, row, row_tril = _factor_argument("row", row_covariance, row_scale_tril, out, loc,
+                                                   "out x out with out = loc.size(-2)")
+        col_name, col, col_tril = _factor_argument("column", column_covariance, column_scale_tril, inn, loc,
+                                                   "in x in with in = loc.size(-1)")
         dt, _, batch = _common({"loc": loc, row_name: row, col_name: col})
         loc, row, col = loc.to(dt), row.to(dt), col.to(dt)
         self.loc = loc.expand(batch + (out, inn))
@@ -243,8 +267,8 @@ class MatrixNormal(_KroneckerGaussian):
         setattr(self, col_name, col.expand(batch + (inn, inn)))
         super().__init__(batch, torch.Size((out, inn)), validate_args=validate_args)
         # unbroadcast factors (as MultivariateNormal keeps _unbroadcasted_scale_tril)
-        self._row_tril = row if row_scale_tril is not None else _cholesky("row_covariance", row)
-        self._col_tril = col if column_scale_tril is not None else _cholesky("column_covariance", col)
+        self._row_tril = row_tril.to(dt) if row_tril is not None else _cholesky(row_name, row)
+        self._col_tril = col_tril.to(dt) if col_tril is not None else _cholesky(col_name, col)
 
     def expand(self, batch_shape, _instance=None):
         new = self._get_checked_instance(MatrixNormal, _instance)
@@ -313,7 +337,9 @@ class EigenvalueCorrectedMatrixNormal(_KroneckerGaussian):
         variance: :math:`S > 0`, ``(..., out, in)``: the variances in the Kronecker eigenbasis,
             which are the eigenvalues of :math:`\mathrm{Cov}(\mathrm{vec}\,W)`.  Stored as the
             attribute ``eigenvalues``, because ``variance`` is, as everywhere in
-            :mod:`torch.distributions`, the marginal variance of :math:`W`.
+            :mod:`torch.distributions`, the marginal variance of :math:`W`; ``arg_constraints``
+            is keyed by the constructor's name, ``variance``, and validation checks the
+            argument (not the marginal variance).
         validate_args: checks orthogonality (to a dtype-dependent tolerance, see
             :data:`orthogonal`), :math:`S > 0` and samples.
 
@@ -321,7 +347,7 @@ class EigenvalueCorrectedMatrixNormal(_KroneckerGaussian):
     (reparameterised in ``loc``, ``variance`` and the bases).
     """
 
-    arg_constraints = {"loc": _real_matrix, "q_out": orthogonal, "q_in": orthogonal, "eigenvalues": _positive_matrix}
+    arg_constraints = {"loc": _real_matrix, "q_out": orthogonal, "q_in": orthogonal, "variance": _positive_matrix}
 
     def __init__(self, loc, q_out, q_in, variance, validate_args=None):
         loc = _as_float("loc", loc)
@@ -339,7 +365,14 @@ class EigenvalueCorrectedMatrixNormal(_KroneckerGaussian):
         self.q_out = self._q_out.expand(batch + (out, out))
         self.q_in = self._q_in.expand(batch + (inn, inn))
         self.eigenvalues = self._s.expand(batch + (out, inn))
-        super().__init__(batch, torch.Size((out, inn)), validate_args=validate_args)
+        # torch's validation reads each arg_constraints key as an attribute, and the attribute
+        # ``variance`` is the marginal variance: validate the constructor's arguments here
+        super().__init__(batch, torch.Size((out, inn)), validate_args=False)
+        if validate_args is not None:
+            self._validate_args = validate_args
+        if self._validate_args:
+            validate_params(self, {"loc": self.loc, "q_out": self.q_out, "q_in": self.q_in,
+                                   "variance": self.eigenvalues}, self.arg_constraints)
 
     def expand(self, batch_shape, _instance=None):
         new = self._get_checked_instance(EigenvalueCorrectedMatrixNormal, _instance)

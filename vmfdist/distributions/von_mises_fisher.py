@@ -36,6 +36,7 @@ from torch.distributions import Distribution, constraints
 from .. import special
 from .._ops import lib
 from .._ops.random import call_sampler
+from ._validation import as_real_tensor, check_shape, check_value, same_device
 
 __all__ = [
     "VonMisesFisher",
@@ -53,10 +54,14 @@ class _Sphere(constraints.Constraint):
     is_discrete = False
     event_dim = 1
 
+    @staticmethod
+    def tolerance(dtype: torch.dtype) -> float:
+        r"""The tolerance on :math:`|\|x\| - 1|`: 1e-6 in float64, 1e-4 in float32, 1e-2 otherwise."""
+        return {torch.float64: 1e-6, torch.float32: 1e-4}.get(dtype, 1e-2)
+
     def check(self, value):
-        tol = {torch.float64: 1e-6, torch.float32: 1e-4}.get(value.dtype, 1e-2)
         norm = torch.linalg.vector_norm(value, dim=-1)
-        return (norm - 1).abs() <= tol
+        return (norm - 1).abs() <= self.tolerance(value.dtype)
 
     def __repr__(self):
         return "Sphere()"
@@ -153,21 +158,13 @@ class VonMisesFisher(Distribution):
     has_rsample = True
 
     def __init__(self, loc, concentration, validate_args=None):
-        loc = torch.as_tensor(loc)
-        if not loc.is_floating_point():
-            loc = loc.to(torch.get_default_dtype())
+        loc = as_real_tensor("loc", loc)
         if loc.dim() < 1:
             raise ValueError("loc must have at least one dimension (the event dimension d)")
         self._dim = _check_dim(loc.shape[-1])
-        if isinstance(concentration, Number):
-            concentration = torch.tensor(float(concentration), dtype=loc.dtype, device=loc.device)
-        concentration = torch.as_tensor(concentration)
-        if concentration.device != loc.device:
-            raise ValueError(f"loc and concentration must be on the same device, got {loc.device} and "
-                             f"{concentration.device}")
+        concentration = as_real_tensor("concentration", concentration, dtype=loc.dtype, device=loc.device)
+        same_device("VonMisesFisher", {"loc": loc, "concentration": concentration})
         dtype = torch.promote_types(loc.dtype, concentration.dtype)
-        if not dtype.is_floating_point:
-            dtype = torch.get_default_dtype()
         loc, concentration = loc.to(dtype), concentration.to(dtype)
         try:
             batch_shape = torch.broadcast_shapes(loc.shape[:-1], concentration.shape)
@@ -208,16 +205,47 @@ class VonMisesFisher(Distribution):
     def mode(self) -> torch.Tensor:
         return self.loc
 
+    def _moment_terms(self):
+        r"""(:math:`A/\kappa`, :math:`\mathrm{Var}(\mu^Tx) = A'(\kappa)`), the two eigenvalues of the
+        covariance: :math:`A/\kappa` (multiplicity :math:`d - 1`, across :math:`\mu`) and
+        :math:`A' = 1 - A^2 - (d-1)A/\kappa` (along :math:`\mu`).  :math:`A'` is of order
+        :math:`1/\kappa^2` for large :math:`\kappa`, so it is not formed from that difference of
+        order-one terms (all digits lost by :math:`\kappa \approx 10^8`) but taken from
+        ``bessel_iv_ratio_grad``, the derivative of the ratio from its continued fraction
+        (within 10 ulp of mpmath over the whole range, ``tests/test_special.py``).
+        :math:`A/\kappa \to 1/d` and :math:`A' \to 1/d` as :math:`\kappa \to 0`."""
+        k = self.concentration
+        half = torch.full_like(k, 0.5 * self._dim)
+        a = special.bessel_iv_ratio(half, k)
+        # A / kappa = 1/d (1 - kappa^2 / (d (d + 2)) + ...): below sqrt(tiny) (1.5e-154 in float64,
+        # 1.1e-19 in float32) the correction is far below rounding, while A ~ kappa / d could be
+        # subnormal, its quotient inexact
+        tiny = k < math.sqrt(torch.finfo(k.dtype).tiny)
+        safe = torch.where(tiny, torch.ones_like(k), k)
+        a_over_k = torch.where(tiny, torch.full_like(k, 1.0 / self._dim), a / safe)
+        var_w = lib.bessel_iv_ratio_grad(half, k)
+        return a_over_k, var_w
+
+    @property
+    def covariance_matrix(self) -> torch.Tensor:
+        r""":math:`\mathrm{Cov}[x] = (A/\kappa)(I - \mu\mu^T) + A'(\kappa)\,\mu\mu^T`, of shape
+        ``batch_shape + (d, d)``; equal to :math:`(A/\kappa)I + (1 - dA/\kappa - A^2)\mu\mu^T`
+        (with :math:`A' = 1 - A^2 - (d-1)A/\kappa`) but written so that the component along
+        :math:`\mu`, of order :math:`1/\kappa^2`, keeps its precision (see ``_moment_terms``);
+        :math:`I/d` at :math:`\kappa = 0`."""
+        a_over_k, var_w = self._moment_terms()
+        mu = self.loc
+        outer = mu.unsqueeze(-1) * mu.unsqueeze(-2)
+        eye = torch.eye(self._dim, dtype=mu.dtype, device=mu.device)
+        return a_over_k[..., None, None] * (eye - outer) + var_w[..., None, None] * outer
+
     @property
     def variance(self) -> torch.Tensor:
-        r"""The diagonal of :math:`\mathrm{Cov}[x] = (A/\kappa) I + (1 - dA/\kappa - A^2)\mu\mu^T`
-        (:math:`A/\kappa \to 1/d` as :math:`\kappa \to 0`)."""
-        k = self.concentration
-        a = self.mean_resultant_length
-        safe = torch.where(k > 0, k, torch.ones_like(k))
-        a_over_k = torch.where(k > 0, a / safe, torch.full_like(k, 1.0 / self._dim))
-        coef = 1.0 - self._dim * a_over_k - a * a
-        return a_over_k.unsqueeze(-1) + coef.unsqueeze(-1) * self.loc * self.loc
+        r"""The diagonal of :attr:`covariance_matrix`:
+        :math:`(A/\kappa)(1 - \mu_i^2) + A'(\kappa)\mu_i^2`."""
+        a_over_k, var_w = self._moment_terms()
+        mu2 = self.loc * self.loc
+        return a_over_k.unsqueeze(-1) * (1.0 - mu2) + var_w.unsqueeze(-1) * mu2
 
     # ---- densities -----------------------------------------------------------
     def log_normalizer(self, scaled: bool = False) -> torch.Tensor:
@@ -227,6 +255,7 @@ class VonMisesFisher(Distribution):
     def log_prob(self, value):
         r""":math:`\log C_d(\kappa) + \kappa - \kappa\|x - \mu\|^2/2` (equal to
         :math:`\log C_d(\kappa) + \kappa\mu^Tx` on the sphere, without cancellation)."""
+        check_value("VonMisesFisher", value, self.batch_shape, self.event_shape)
         if self._validate_args:
             self._validate_sample(value)
         half_sq = 0.5 * (value - self.loc).pow(2).sum(-1)
@@ -273,9 +302,18 @@ class HypersphericalUniform(Distribution):
 
     def __init__(self, dim, batch_shape=torch.Size(), dtype=None, device=None, validate_args=None):
         self._dim = _check_dim(dim)
-        self._dtype = torch.get_default_dtype() if dtype is None else dtype
-        self._device = torch.device("cpu") if device is None else torch.device(device)
-        super().__init__(torch.Size(batch_shape), torch.Size((self._dim,)), validate_args=validate_args)
+        batch_shape = check_shape("batch_shape", batch_shape)
+        if dtype is None:
+            dtype = torch.get_default_dtype()
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating-point torch.dtype (float16, bfloat16, float32 or float64), "
+                            f"got {dtype!r}")
+        self._dtype = dtype
+        try:
+            self._device = torch.device("cpu") if device is None else torch.device(device)
+        except (TypeError, RuntimeError) as e:
+            raise ValueError(f"device must be a torch.device or a device string, got {device!r} ({e})") from None
+        super().__init__(batch_shape, torch.Size((self._dim,)), validate_args=validate_args)
 
     @property
     def dim(self) -> int:
@@ -296,7 +334,14 @@ class HypersphericalUniform(Distribution):
     def variance(self):
         return torch.full(self._extended_shape(), 1.0 / self._dim, dtype=self._dtype, device=self._device)
 
+    @property
+    def covariance_matrix(self):
+        """:math:`I/d`, of shape ``batch_shape + (d, d)``."""
+        eye = torch.eye(self._dim, dtype=self._dtype, device=self._device) / self._dim
+        return eye.expand(self.batch_shape + (self._dim, self._dim))
+
     def log_prob(self, value):
+        check_value("HypersphericalUniform", value, self.batch_shape, self.event_shape)
         if self._validate_args:
             self._validate_sample(value)
         lp = -log_sphere_area(self._dim, dtype=value.dtype, device=value.device)
@@ -357,17 +402,23 @@ def fit_vmf(x, weights=None):
     gives :math:`\hat\kappa = 0` and :math:`\bar r = 1` (all points equal) :math:`+\infty`.
     Returns ``(loc, concentration)``.
     """
-    x = torch.as_tensor(x)
-    if not x.is_floating_point():
-        x = x.to(torch.get_default_dtype())
+    x = as_real_tensor("x", x)
     if x.dim() < 2:
         raise ValueError(f"x must have shape (..., n, d), got {tuple(x.shape)}")
     d = _check_dim(x.shape[-1])
     if x.shape[-2] == 0:
         raise ValueError("x must contain at least one point (x.shape[-2] > 0)")
+    on_sphere = sphere.check(x)
+    if not bool(on_sphere.all()):
+        norm = torch.linalg.vector_norm(x, dim=-1)
+        bad = norm[~on_sphere]
+        raise ValueError(f"x must hold unit vectors along its last dimension (norm 1 to within "
+                         f"{sphere.tolerance(x.dtype):g} in {x.dtype}); {bad.numel()} of {norm.numel()} are not, "
+                         f"e.g. norm {bad.reshape(-1)[0].item():.17g} (normalise with "
+                         f"torch.nn.functional.normalize(x, dim=-1))")
     if weights is None:
         weights = torch.ones(x.shape[:-1], dtype=x.dtype, device=x.device)
-    weights = torch.as_tensor(weights, dtype=x.dtype, device=x.device)
+    weights = as_real_tensor("weights", weights, dtype=x.dtype, device=x.device).to(device=x.device, dtype=x.dtype)
     if weights.shape != x.shape[:-1]:
         try:
             weights = weights.expand(x.shape[:-1])

@@ -1,0 +1,117 @@
+// CPU kernels of the elementwise ops (the table in vmfdist/elementwise.h): an
+// at::TensorIterator (csrc/host/elementwise_host.h) walks the broadcast operands by
+// their strides, in parallel, and each inner run of elements goes through `loop`
+// below -- the same code for every op and dtype.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/TensorIterator.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <array>
+
+#include "host/elementwise_host.h"
+#include "vmfdist/elementwise.h"
+#include "vmfdist/macros.h"
+
+namespace vmfdist {
+namespace elementwise {
+namespace {
+
+// Elements converted to double and computed together (a block routine's vector loop).
+constexpr int64_t kBlock = 256;
+
+template <class Fn>
+concept HasBlock = requires(const Fn& fn, const double* a, double* const* out, int64_t m) { fn.block(a, a, out, m); };
+
+// The special functions cost 0.1-10 us an element: small grains parallelise well;
+// the block routines (a few ns an element) need larger ones.
+template <class Fn>
+constexpr int64_t kGrain = HasBlock<Fn> ? 16384 : 512;
+
+// m elements from p with a byte stride (contiguous and broadcast runs get their own loops).
+template <class scalar_t>
+VMF_FORCEINLINE void load(const char* p, int64_t stride, int64_t m, double* dst) {
+  if (stride == static_cast<int64_t>(sizeof(scalar_t))) {
+    const scalar_t* q = reinterpret_cast<const scalar_t*>(p);
+    for (int64_t i = 0; i < m; ++i) dst[i] = static_cast<double>(q[i]);
+  } else if (stride == 0) {
+    const double v = static_cast<double>(*reinterpret_cast<const scalar_t*>(p));
+    for (int64_t i = 0; i < m; ++i) dst[i] = v;
+  } else {
+    for (int64_t i = 0; i < m; ++i) dst[i] = static_cast<double>(*reinterpret_cast<const scalar_t*>(p + i * stride));
+  }
+}
+
+template <class scalar_t>
+VMF_FORCEINLINE void store(char* p, int64_t stride, int64_t m, const double* src) {
+  if (stride == static_cast<int64_t>(sizeof(scalar_t))) {
+    scalar_t* q = reinterpret_cast<scalar_t*>(p);
+    for (int64_t i = 0; i < m; ++i) q[i] = static_cast<scalar_t>(src[i]);
+  } else {
+    for (int64_t i = 0; i < m; ++i) *reinterpret_cast<scalar_t*>(p + i * stride) = static_cast<scalar_t>(src[i]);
+  }
+}
+
+// One inner run of n elements: data[k], strides[k] (bytes) are the outputs, then the
+// two inputs.  Blocks of kBlock elements are read into double, computed (the
+// functor's block routine, or the functor element by element) and rounded once to
+// the output dtype.  Compiled for baseline x86-64 and x86-64-v3 (macros.h), the
+// scalar math inlined into each copy.
+template <class scalar_t, class Fn>
+VMF_TARGET_CLONES VMF_FLATTEN void loop(char** data, const int64_t* strides, int64_t n, const Fn& fn) {
+  constexpr int kOut = Fn::outputs;
+  double a[kBlock], b[kBlock], r[kOut][kBlock];
+  double* out[kOut];
+  for (int k = 0; k < kOut; ++k) out[k] = r[k];
+  for (int64_t s = 0; s < n; s += kBlock) {
+    const int64_t m = std::min(kBlock, n - s);
+    load<scalar_t>(data[kOut] + s * strides[kOut], strides[kOut], m, a);
+    load<scalar_t>(data[kOut + 1] + s * strides[kOut + 1], strides[kOut + 1], m, b);
+    if constexpr (HasBlock<Fn>) {
+      fn.block(a, b, out, m);
+    } else if constexpr (kOut == 1) {
+      for (int64_t i = 0; i < m; ++i) r[0][i] = fn(a[i], b[i]);
+    } else {
+      for (int64_t i = 0; i < m; ++i) fn(a[i], b[i], &r[0][i], &r[1][i]);
+    }
+    for (int k = 0; k < kOut; ++k) store<scalar_t>(data[k] + s * strides[k], strides[k], m, r[k]);
+  }
+}
+
+// The CPU kernel of op Fn: Op<Fn>::cpu(a, b, extra...) with Fn's schema signature.
+template <class Fn, class E = typename Fn::extra>
+struct Op;
+
+template <class Fn, class... E>
+struct Op<Fn, Args<E...>> {
+  static Result<Fn> cpu(const at::Tensor& a, const at::Tensor& b, E... e) {
+    check_extra<Fn>(e...);
+    std::array<at::Tensor, Fn::outputs> out;
+    at::TensorIterator iter = make_iterator<Fn>(a, b, out);
+    const Fn fn{e...};
+    constexpr int N = Fn::outputs + 2;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, iter.common_dtype(), Fn::name, [&] {
+      // a 2-d piece: size1 runs of size0 elements, run j at base[k] + j * strides[N + k]
+      iter.for_each(
+          [&fn](char** base, const int64_t* strides, int64_t size0, int64_t size1) {
+            std::array<char*, N> data;
+            for (int64_t j = 0; j < size1; ++j) {
+              for (int k = 0; k < N; ++k) data[k] = base[k] + j * strides[N + k];
+              loop<scalar_t>(data.data(), strides, size0, fn);
+            }
+          },
+          kGrain<Fn>);
+    });
+    return result<Fn>(out);
+  }
+};
+
+}  // namespace
+}  // namespace elementwise
+
+#define VMFDIST_REGISTER_CPU(Fn) m.impl(Fn::name, &::vmfdist::elementwise::Op<Fn>::cpu);
+TORCH_LIBRARY_IMPL(vmfdist, CPU, m) { VMFDIST_ELEMENTWISE_OPS(VMFDIST_REGISTER_CPU) }
+#undef VMFDIST_REGISTER_CPU
+
+}  // namespace vmfdist

@@ -1,0 +1,107 @@
+"""The benchmark harness (benchmarks/harness.py) and the recorded reports in docs/benchmarks.
+
+No speed is asserted here: these check that the harness counts, orders and records what it says,
+that every recorded table is exactly what the report writer makes of its JSON, and that the
+driver runs one area end to end."""
+import importlib
+import json
+import math
+import os
+import time
+
+import pytest
+
+from benchmarks import accuracy
+from benchmarks import harness as H
+from benchmarks import run as R
+
+DOCS = os.path.join(H.ROOT, "docs", "benchmarks")
+
+
+def test_time_fn_repeats_until_count_and_time():
+    calls = []
+    t = H.time_fn(lambda: calls.append(1), min_reps=4, max_reps=7, min_total=0.0)
+    assert t["reps"] == 4 and len(calls) == 5  # warm-up + 4
+    calls.clear()
+    t0 = time.perf_counter()
+    t = H.time_fn(lambda: calls.append(time.sleep(0.002)), min_reps=1, max_reps=100, min_total=0.02)
+    # stops at the first call that ends past 0.02 s of timed calls: each sleeps >= 0.002 s, so <= 10 calls
+    assert time.perf_counter() - t0 >= 0.022 and 1 <= t["reps"] <= 10 and len(calls) == t["reps"] + 1
+    assert 0.002 <= t["min"] <= t["median"]
+
+
+def test_time_fn_long_calls_and_warmup_output():
+    seen, calls = [], []
+
+    def f():
+        calls.append(1)
+        time.sleep(0.03)
+        return "out"
+
+    t = H.time_fn(f, max_call=0.009, on_warmup=seen.append)  # warm-up > 3 * max_call: no second call
+    assert (t["reps"], len(calls), seen) == (0, 1, ["out"])
+    calls.clear()
+    t = H.time_fn(f, max_call=0.029)  # max_call < warm-up <= 3 * max_call: one more call
+    assert (t["reps"], len(calls)) == (0, 2) and t["min"] <= t["median"]
+
+
+def test_time_rounds_interleaves():
+    order = []
+    res = H.time_rounds({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, rounds=3, verbose=False)
+    assert order == ["a", "b"] * 4  # warm-up round + 3 timed rounds
+    assert all(len(v["times"]) == 3 and v["min"] <= v["median"] for v in res.values())
+
+
+def test_split_threads_covers_range_once():
+    parts = H.split_threads(lambda lo, hi: list(range(lo, hi)), 10, 3)
+    assert len(parts) == 3 and sum(parts, []) == list(range(10))
+
+
+def test_table_and_formats():
+    t = H.Table("a", "b").add(1, None)
+    assert str(t) == "| a | b |\n|---|---|\n| 1 |  |\n"
+    assert [H.fmt_ratio(x) for x in (0.0364, 2.7, 43.14, 250.0, None)] == ["0.036×", "2.70×", "43.1×", "250×", "—"]
+    assert [H.fmt_n(x) for x in (1000, 20000, 5)] == ["1e3", "2e4", "5e0"]
+    assert [H.fmt_time(x) for x in (3.1e-5, 0.4372, 2.0)] == ["31.0 µs", "437.20 ms", "2.00 s"]
+
+
+def test_json_keeps_inf_and_nan(tmp_path):
+    p = str(tmp_path / "x.json")
+    H.save_json({"a": [math.inf, -math.inf, 1.5], "b": {"c": math.nan}}, p)
+    json.load(open(p))  # strict JSON
+    back = H.load_json(p)
+    assert back["a"] == [math.inf, -math.inf, 1.5] and math.isnan(back["b"]["c"])
+
+
+@pytest.mark.parametrize("area", sorted(f[:-5] for f in os.listdir(DOCS) if f.endswith(".json")))
+def test_recorded_report_matches_its_json(area):
+    """docs/benchmarks/<area>.md is what the report writer makes of <area>.json (no hand edits)."""
+    mod = importlib.import_module(f"benchmarks.bench_{area}")
+    with open(os.path.join(DOCS, f"{area}.md")) as f:
+        assert mod.render(H.load_json(os.path.join(DOCS, f"{area}.json"))) == f.read()
+
+
+def test_recorded_accuracy_table_matches_its_json():
+    with open(os.path.join(H.ROOT, "docs", "accuracy.md")) as f:
+        assert accuracy.render_markdown(H.load_json(os.path.join(H.ROOT, "docs", "accuracy.json"))) == f.read()
+
+
+def test_driver_runs_an_area_end_to_end(tmp_path, monkeypatch):
+    import torch
+
+    assert {"special", "vmf", "radial", "kron"} <= set(R.areas())
+    for k in ("XLA_FLAGS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_CPP_MIN_LOG_LEVEL"):
+        monkeypatch.setenv(k, os.environ.get(k, ""))  # restored after the test
+        monkeypatch.delenv(k)
+    threads = torch.get_num_threads()
+    try:
+        assert R.main(["radial", "--quick", "--repeats", "2", "--out", str(tmp_path)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    res = H.load_json(str(tmp_path / "radial.json"))
+    assert res["meta"]["shape"] == [3, 3, 64, 64] and res["meta"]["seconds"] > 0
+    assert set(res["rows"]) == {"composite", "ours", "composite fwd+bwd", "ours fwd+bwd", "add (bandwidth probe)"}
+    md = (tmp_path / "radial.md").read_text()
+    assert "| sample (forward) |" in md and "| sample fwd+bwd |" in md
+    assert R.main(["radial", "--report", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "radial.md").read_text() == md
