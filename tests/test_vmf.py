@@ -606,7 +606,7 @@ def fast_normal_driver(tmp_path_factory):
         pytest.skip("no C++ compiler")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     exe = str(tmp_path_factory.mktemp("fast_normal") / "fast_normal_check")
-    # -O3: the batch routine must give the same bits when vectorised (and in its x86-64-v3 clone)
+    # -O3: the batch routine must give the same bits when vectorised (and in its AVX2 clone)
     subprocess.run([cxx, "-std=c++17", "-O3", "-ffp-contract=off", "-fno-math-errno", "-I",
                     os.path.join(root, "csrc", "include"), os.path.join(root, "tests", "fast_normal_check.cpp"),
                     "-o", exe], check=True)

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <type_traits>
 
 #include "host/elementwise_host.h"
 #include "vmfdist/elementwise.h"
@@ -56,11 +57,37 @@ VMF_FORCEINLINE void store(char* p, int64_t stride, int64_t m, const double* src
 // One inner run of n elements: data[k], strides[k] (bytes) are the outputs, then the
 // two inputs.  Blocks of kBlock elements are read into double, computed (the
 // functor's block routine, or the functor element by element) and rounded once to
-// the output dtype.  Compiled for baseline x86-64 and x86-64-v3 (macros.h), the
-// scalar math inlined into each copy.
+// the output dtype.  Called through isa::dispatch (macros.h): compiled for baseline
+// x86-64 and for AVX2 + FMA, the scalar math inlined into each copy.
+template <class Fn>
+VMF_FORCEINLINE void compute(const Fn& fn, const double* a, const double* b, double* const* out, int64_t m) {
+  if constexpr (HasBlock<Fn>) {
+    fn.block(a, b, out, m);
+  } else if constexpr (Fn::outputs == 1) {
+    for (int64_t i = 0; i < m; ++i) out[0][i] = fn(a[i], b[i]);
+  } else {
+    for (int64_t i = 0; i < m; ++i) fn(a[i], b[i], &out[0][i], &out[1][i]);
+  }
+}
+
 template <class scalar_t, class Fn>
-VMF_TARGET_CLONES VMF_FLATTEN void loop(char** data, const int64_t* strides, int64_t n, const Fn& fn) {
+void loop(char** data, const int64_t* strides, int64_t n, const Fn& fn) {
   constexpr int kOut = Fn::outputs;
+  if constexpr (std::is_same_v<scalar_t, double>) {
+    // float64, every operand contiguous: compute in place, without the copies below
+    bool contiguous = true;
+    for (int k = 0; k < kOut + 2; ++k) contiguous &= strides[k] == static_cast<int64_t>(sizeof(double));
+    if (contiguous) {
+      const double* a = reinterpret_cast<const double*>(data[kOut]);
+      const double* b = reinterpret_cast<const double*>(data[kOut + 1]);
+      for (int64_t s = 0; s < n; s += kBlock) {
+        double* out[kOut];
+        for (int k = 0; k < kOut; ++k) out[k] = reinterpret_cast<double*>(data[k]) + s;
+        compute(fn, a + s, b + s, out, std::min(kBlock, n - s));
+      }
+      return;
+    }
+  }
   double a[kBlock], b[kBlock], r[kOut][kBlock];
   double* out[kOut];
   for (int k = 0; k < kOut; ++k) out[k] = r[k];
@@ -68,13 +95,7 @@ VMF_TARGET_CLONES VMF_FLATTEN void loop(char** data, const int64_t* strides, int
     const int64_t m = std::min(kBlock, n - s);
     load<scalar_t>(data[kOut] + s * strides[kOut], strides[kOut], m, a);
     load<scalar_t>(data[kOut + 1] + s * strides[kOut + 1], strides[kOut + 1], m, b);
-    if constexpr (HasBlock<Fn>) {
-      fn.block(a, b, out, m);
-    } else if constexpr (kOut == 1) {
-      for (int64_t i = 0; i < m; ++i) r[0][i] = fn(a[i], b[i]);
-    } else {
-      for (int64_t i = 0; i < m; ++i) fn(a[i], b[i], &r[0][i], &r[1][i]);
-    }
+    compute(fn, a, b, out, m);
     for (int k = 0; k < kOut; ++k) store<scalar_t>(data[k] + s * strides[k], strides[k], m, r[k]);
   }
 }
@@ -98,7 +119,7 @@ struct Op<Fn, Args<E...>> {
             std::array<char*, N> data;
             for (int64_t j = 0; j < size1; ++j) {
               for (int k = 0; k < N; ++k) data[k] = base[k] + j * strides[N + k];
-              loop<scalar_t>(data.data(), strides, size0, fn);
+              isa::dispatch([&] { loop<scalar_t>(data.data(), strides, size0, fn); });
             }
           },
           kGrain<Fn>);

@@ -6,7 +6,7 @@
 // log/sin/cos cannot give.  Here Box-Muller is written with branch-free float
 // polynomials (own derivations, below) so that
 //   * a loop over Philox blocks vectorises (the CPU batch routine normals_f32
-//     processes kLanes blocks at a time and is compiled for x86-64-v3 (AVX2, FMA) and for the
+//     processes kLanes blocks at a time and is compiled for AVX2 and for the
 //     baseline ISA, chosen at run time: VMF_TARGET_CLONES), and
 //   * host and device evaluate the same float operations in the same order
 //     (no FMA contraction: -ffp-contract=off / --fmad=false), so a row's normals

@@ -33,22 +33,55 @@
 #define VMF_FORCEINLINE inline
 #endif
 
-// CPU instruction-set dispatch -- the one idiom of the project.  A CPU loop marked
-// VMF_TARGET_CLONES is compiled twice by GCC (function multi-versioning): for baseline
-// x86-64 and for x86-64-v3 (AVX2 + FMA, Haswell and later), and the loader picks the
-// copy for the running CPU once.  Results are bit-identical in both copies: the build
-// forbids floating-point contraction (-ffp-contract=off), so the v3 copy differs only
-// in vector width and in computing the explicit fma() calls of the math (correctly
-// rounded either way) with the instruction instead of a call into libm.  Add
-// VMF_FLATTEN where the loop calls the scalar math, so that the math is inlined into
-// (and compiled for) each copy.  Host code only; empty elsewhere.
+// CPU instruction-set dispatch.  The extension is built for baseline x86-64; hot CPU
+// loops get a second copy for AVX2 + FMA, chosen at run time, in one of two ways:
+//   * VMF_TARGET_CLONES on a vectorised loop that calls no fma() (GCC function
+//     multi-versioning: an "avx2" and a "default" clone, picked by the loader);
+//   * vmfdist::isa::dispatch(f) for code that calls fma() (the double-double math of
+//     bessel.h and dd.h): f is inlined (flatten) into a copy compiled for "avx2,fma",
+//     called when the CPU has both, and into a baseline copy otherwise.  target_clones
+//     cannot express this: a clone names one feature ("avx2" does not imply FMA), and
+//     GCC 12's resolver for "arch=x86-64-v3" tests the CPU model, not its features
+//     (it chose the baseline copy on an AVX2 + FMA Xeon here).
+// Results are bit-identical in every copy: the build forbids floating-point
+// contraction (-ffp-contract=off), so the copies differ only in vector width and in
+// computing the explicit fma() calls (correctly rounded either way) with the
+// instruction instead of a call into libm.  Host code only (under nvcc, dispatch just
+// calls f).
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__CUDACC__)
-#define VMF_TARGET_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#define VMF_FLATTEN __attribute__((flatten))
+#define VMF_TARGET_CLONES __attribute__((target_clones("avx2", "default")))
+#define VMF_ISA_DISPATCH 1
 #else
 #define VMF_TARGET_CLONES
-#define VMF_FLATTEN
 #endif
+
+namespace vmfdist {
+namespace isa {
+#ifdef VMF_ISA_DISPATCH
+inline bool has_avx2_fma() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+// noinline: a dispatch inside another one's f keeps its own copy (compiled and
+// vectorised by itself) instead of being flattened into the outer one.
+template <class F>
+__attribute__((target("avx2,fma"), flatten, noinline)) void run_avx2_fma(const F& f) {
+  f();
+}
+#endif
+// f() in the AVX2 + FMA copy where the CPU has both, in the baseline copy otherwise.
+template <class F>
+inline void dispatch(const F& f) {
+#ifdef VMF_ISA_DISPATCH
+  if (has_avx2_fma()) {
+    run_avx2_fma(f);
+    return;
+  }
+#endif
+  f();
+}
+}  // namespace isa
+}  // namespace vmfdist
 
 namespace vmfdist {
 // NaN/inf tests that behave the same in host and device code (no -ffast-math here).
