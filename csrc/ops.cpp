@@ -4,8 +4,9 @@
 //   csrc/cpu/*_cpu.cpp    TORCH_LIBRARY_IMPL(vmfdist, CPU, m)
 //   csrc/cuda/*_cuda.cu   TORCH_LIBRARY_IMPL(vmfdist, CUDA, m)
 // Fake (meta) kernels and autograd formulas are registered in Python
-// (vmfdist/ops.py), following pytorch/extension-cpp.
+// (vmfdist/_ops/*.py), following pytorch/extension-cpp.
 #include <Python.h>
+#include <ATen/core/enum_tag.h>
 #include <torch/library.h>
 
 extern "C" {
@@ -41,8 +42,13 @@ TORCH_LIBRARY(vmfdist, m) {
   // num_samples draws from vMF(loc[b], concentration[b]) for every batch row b:
   // returns x (num_samples, batch, d) and 1 - w = 1 - mu^T x (num_samples, batch).
   // Row r of (num_samples, batch) uses the Philox streams (seed, offset, r) and
-  // (seed, offset + 1, r).
-  m.def("vmf_sample(Tensor loc, Tensor concentration, int num_samples, int seed, int offset) -> (Tensor, Tensor)");
+  // (seed, offset + 1, r).  Randomness (every random op below): an explicit seed (and
+  // offset), or else drawn inside the op from `generator` / the device's default
+  // generator (csrc/host/random_state.h); tagged nondeterministic_seeded like torch's
+  // own random ops, so compiled, traced and graph-captured code draws fresh values.
+  m.def("vmf_sample(Tensor loc, Tensor concentration, SymInt num_samples, *, Generator? generator=None, "
+        "int? seed=None, int? offset=None) -> (Tensor, Tensor)",
+        {at::Tag::nondeterministic_seeded});
   // dw/dkappa of the vMF marginal on S^{dim-1} at w = 1 - one_minus_w (implicit
   // reparameterisation; elementwise, broadcasting).
   m.def("vmf_marginal_grad(Tensor one_minus_w, Tensor concentration, int dim) -> Tensor");
@@ -50,10 +56,15 @@ TORCH_LIBRARY(vmfdist, m) {
   // ---- Radial noise (csrc/include/vmfdist/radial.h) ----
   // out[s] = loc + scale * eps_s * r_s / |eps_s| (|.| over the event, or per row of the
   // last dimension when rowwise); returns (out (num_samples, *loc.shape), coef = r / |eps|
-  // of shape (num_samples,) or (num_samples, rows), always float64).  Streams (seed, offset) and (seed, offset + 1).
-  m.def("radial_noise(Tensor loc, Tensor scale, int num_samples, int seed, int offset, bool rowwise=False) -> (Tensor, Tensor)");
-  // sum_s grad[s] * eps_s * coef_s with eps regenerated from the streams: d/dscale of radial_noise.
-  m.def("radial_noise_scale_grad(Tensor grad, Tensor coef, int seed, int offset, bool rowwise=False) -> Tensor");
+  // of shape (num_samples,) or (num_samples, rows), always float64, and seed_offset, the
+  // int64 (2,) tensor [seed, offset] it used, on loc's device).  Streams (seed, offset) and
+  // (seed, offset + 1).
+  m.def("radial_noise(Tensor loc, Tensor scale, SymInt num_samples, bool rowwise=False, *, "
+        "Generator? generator=None, int? seed=None, int? offset=None) -> (Tensor, Tensor, Tensor)",
+        {at::Tag::nondeterministic_seeded});
+  // sum_s grad[s] * eps_s * coef_s with eps regenerated from the streams of seed_offset
+  // (radial_noise's third output): d/dscale of radial_noise.
+  m.def("radial_noise_scale_grad(Tensor grad, Tensor coef, Tensor seed_offset, bool rowwise=False) -> Tensor");
 
   // ---- Kronecker-factored eigenbases (csrc/include/vmfdist/kron.h, kron_host.h) ----
   // Q_out ((Q_out^T V Q_in) * scale^power) Q_in^T for V (..., out, in), q_out (..., out, out),
@@ -61,18 +72,26 @@ TORCH_LIBRARY(vmfdist, m) {
   m.def("kron_eigen_matvec(Tensor q_out, Tensor q_in, Tensor scale, Tensor v, float power=1.0) -> Tensor");
   // E * variance^power with E standard normal of the given size (..., out, in), variance
   // broadcasting to it; row r (over all dimensions but the last) is the Philox stream
-  // (seed, offset, r).
-  m.def("kron_eigen_noise(Tensor variance, SymInt[] size, int seed, int offset, float power=0.5) -> Tensor");
+  // (seed, offset, r) of seed_offset = [seed, offset] (int64 (2,), variance's device).
+  // Deterministic: it regenerates kron_eigen_sample's noise.
+  m.def("kron_eigen_noise(Tensor variance, SymInt[] size, Tensor seed_offset, float power=0.5) -> Tensor");
   // loc + Q_out (E * variance^(1/2)) Q_in^T for num_samples draws: returns
-  // (num_samples, *batch, out, in); E is kron_eigen_noise(variance, that size, seed, offset).
-  m.def("kron_eigen_sample(Tensor loc, Tensor q_out, Tensor q_in, Tensor variance, int num_samples, int seed, int offset) -> Tensor");
+  // ((num_samples, *batch, out, in), seed_offset); E is kron_eigen_noise(variance, that
+  // size, seed_offset).
+  m.def("kron_eigen_sample(Tensor loc, Tensor q_out, Tensor q_in, Tensor variance, SymInt num_samples, *, "
+        "Generator? generator=None, int? seed=None, int? offset=None) -> (Tensor, Tensor)",
+        {at::Tag::nondeterministic_seeded});
 
   // ---- Counter-based randomness (Philox4x32-10, csrc/include/vmfdist/philox.h) ----
   // Raw Philox4x32 blocks: counter (n, 4) and key (n, 2) hold uint32 values in int64.
   m.def("philox4x32(Tensor counter, Tensor key, int rounds=10) -> Tensor");
   // Uniform (0, 1) / standard normal variates, element i drawn from (seed, offset, i).
-  m.def("philox_uniform(SymInt[] size, int seed, int offset, *, ScalarType dtype, Device device) -> Tensor");
-  m.def("philox_normal(SymInt[] size, int seed, int offset, *, ScalarType dtype, Device device) -> Tensor");
+  m.def("philox_uniform(SymInt[] size, *, ScalarType dtype, Device device, Generator? generator=None, "
+        "int? seed=None, int? offset=None) -> Tensor",
+        {at::Tag::nondeterministic_seeded});
+  m.def("philox_normal(SymInt[] size, *, ScalarType dtype, Device device, Generator? generator=None, "
+        "int? seed=None, int? offset=None) -> Tensor",
+        {at::Tag::nondeterministic_seeded});
 }
 
 // ---- Backend selection for the factory ops ----------------------------------
@@ -82,23 +101,29 @@ TORCH_LIBRARY(vmfdist, m) {
 // the (dtype, layout, device) arguments into a dispatch key and redispatches;
 // we do the same.  Each backend then registers an ordinary kernel under its own
 // key (CPU in csrc/cpu/random_cpu.cpp, CUDA in csrc/cuda/random_cuda.cu; Meta
-// is the fake kernel of vmfdist/ops.py), so there is no #ifdef here and an
+// is the fake kernel of vmfdist/_ops/random.py), so there is no #ifdef here and an
 // unsupported device gets the dispatcher's usual "no kernel for backend" error.
 // Python modes (FakeTensorMode, torch.compile tracing) sit above BackendSelect
 // and see the call first.
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/Generator.h>
 #include <c10/core/TensorOptions.h>
+
+#include <optional>
+#include <utility>
 
 namespace {
 
-using PhiloxFactoryFn = at::Tensor(c10::SymIntArrayRef, int64_t, int64_t, at::ScalarType, at::Device);
+using PhiloxFactoryFn = at::Tensor(c10::SymIntArrayRef, at::ScalarType, at::Device, std::optional<at::Generator>,
+                                   std::optional<int64_t>, std::optional<int64_t>);
 
 template <const char* kName>
-at::Tensor philox_factory_backend_select(c10::SymIntArrayRef size, int64_t seed, int64_t offset,
-                                         at::ScalarType dtype, at::Device device) {
+at::Tensor philox_factory_backend_select(c10::SymIntArrayRef size, at::ScalarType dtype, at::Device device,
+                                         std::optional<at::Generator> generator, std::optional<int64_t> seed,
+                                         std::optional<int64_t> offset) {
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(kName, "").typed<PhiloxFactoryFn>();
   const c10::DispatchKeySet ks(c10::computeDispatchKey(dtype, at::kStrided, device));
-  return op.redispatch(ks, size, seed, offset, dtype, device);
+  return op.redispatch(ks, size, dtype, device, std::move(generator), seed, offset);
 }
 
 constexpr char kPhiloxUniform[] = "vmfdist::philox_uniform";

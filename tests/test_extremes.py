@@ -69,7 +69,7 @@ def test_vmf_sample_invalid_kappa_gives_nan_rows():
         "                continue  # -5e-324 rounds to -0.0 in float32: a valid kappa = 0\n"
         "            loc = torch.zeros(2, d, dtype=dtype); loc[:, 0] = 1\n"
         "            k = torch.tensor([kappa, 2.0], dtype=dtype)\n"
-        "            x, omw = lib.vmf_sample(loc, k, 3, 0, 0)\n"
+        "            x, omw = lib.vmf_sample(loc, k, 3, seed=0, offset=0)\n"
         "            assert torch.isnan(x[:, 0]).all() and torch.isnan(omw[:, 0]).all(), (d, kappa, x)\n"
         "            assert torch.isfinite(x[:, 1]).all(), (d, kappa, x)\n"
         "            assert ((x[:, 1].double().norm(dim=-1) - 1).abs() < 1e-6).all()\n"
@@ -89,7 +89,7 @@ def test_vmf_sample_badly_scaled_loc_is_normalised(loc, device):
     must be those of loc / |loc| (computed here by mpmath-free exact scaling in Python)."""
     raw = torch.tensor([loc], dtype=torch.float64, device=device)
     k = torch.tensor([5.0], dtype=torch.float64, device=device)
-    x, omw = torch.ops.vmfdist.vmf_sample(raw, k, 64, 7, 0)
+    x, omw = torch.ops.vmfdist.vmf_sample(raw, k, 64, seed=7, offset=0)
     assert torch.isfinite(x).all()
     assert torch.allclose(x.norm(dim=-1), torch.ones(64, 1, dtype=torch.float64, device=device), atol=1e-14)
     # the same draws as from the unit vector (a power-of-two scaling is exact, the unit
@@ -97,7 +97,7 @@ def test_vmf_sample_badly_scaled_loc_is_normalised(loc, device):
     with mp.workdps(50):
         n = mpmath.sqrt(sum(mpf(v) ** 2 for v in loc))
         unit = [float(mpf(v) / n) for v in loc]
-    xu, omwu = torch.ops.vmfdist.vmf_sample(torch.tensor([unit], dtype=torch.float64, device=device), k, 64, 7, 0)
+    xu, omwu = torch.ops.vmfdist.vmf_sample(torch.tensor([unit], dtype=torch.float64, device=device), k, 64, seed=7, offset=0)
     assert torch.equal(omw, omwu)
     assert torch.allclose(x, xu, rtol=0, atol=4e-16)
     # the mean direction: E[x] = A_d(kappa) mu; 64 samples, tolerance 6 standard errors

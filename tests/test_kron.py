@@ -35,6 +35,11 @@ def gen(seed):
     return torch.Generator().manual_seed(seed)
 
 
+def _so(seed, offset, device="cpu"):
+    """The int64 (2,) [seed, offset] tensor that kron_eigen_sample returns and kron_eigen_noise takes."""
+    return torch.tensor([seed, offset], dtype=torch.int64, device=device)
+
+
 def orth(n, seed, batch=(), dtype=F64):
     q, r = torch.linalg.qr(torch.randn(*batch, n, n, generator=gen(seed), dtype=F64))
     return (q * torch.sign(r.diagonal(dim1=-2, dim2=-1)).unsqueeze(-2)).to(dtype)
@@ -208,7 +213,7 @@ def test_matvec_and_sample_broadcast_trailing_scale():
         torch.testing.assert_close(kron_eigen_matvec(qo, qi, s, v, 0.5), dense_matvec(qo, qi, s.expand(4, 3), v, 0.5),
                                    rtol=1e-12, atol=1e-12)
         assert torch.autograd.gradcheck(lambda t: kron_eigen_matvec(qo, qi, t, v, 0.5), (s,))
-        assert torch.autograd.gradcheck(lambda t: lib.kron_eigen_sample(v, qo, qi, t, 2, 5, 0), (s,))
+        assert torch.autograd.gradcheck(lambda t: lib.kron_eigen_sample(v, qo, qi, t, 2, seed=5, offset=0)[0], (s,))
 
 
 def test_matvec_power_algebra():
@@ -299,8 +304,8 @@ def test_opcheck_kron_ops():
     s, v = pos((3, 4), 2), randn((2, 3, 4), 3)
     torch.library.opcheck(lib.kron_eigen_matvec, (qo, qi, s, v, 0.5))
     torch.library.opcheck(lib.kron_eigen_matvec, (qo.float(), qi.float(), s.float(), v.float()))
-    torch.library.opcheck(lib.kron_eigen_noise, (s, [2, 3, 4], 7, 1, -0.5))
-    torch.library.opcheck(lib.kron_eigen_sample, (v, qo, qi, s, 3, 123, 0))
+    torch.library.opcheck(lib.kron_eigen_noise, (s, [2, 3, 4], _so(7, 1), -0.5))
+    torch.library.opcheck(lib.kron_eigen_sample, (v, qo, qi, s, 3), {"seed": 123, "offset": 0})
 
 
 # ---------------------------------------------------------------------------
@@ -312,31 +317,31 @@ def test_noise_contract_and_thread_independence():
     same tensor on any thread count; rows are the Philox streams (the float32 and float64
     Box-Muller use the same words, so they agree to float rounding)."""
     loc, qo, qi, var = randn((2, 5, 7), 0), orth(5, 1), orth(7, 2), pos((5, 7), 3)
-    w = lib.kron_eigen_sample(loc, qo, qi, var, 3, 99, 5)
-    e = lib.kron_eigen_noise(var, [3, 2, 5, 7], 99, 5, 0.5)
+    w = lib.kron_eigen_sample(loc, qo, qi, var, 3, seed=99, offset=5)[0]
+    e = lib.kron_eigen_noise(var, [3, 2, 5, 7], _so(99, 5), 0.5)
     torch.testing.assert_close(w, loc + qo @ e @ qi.T, rtol=0, atol=1e-14)
-    unit = lib.kron_eigen_noise(torch.ones(1, 1, dtype=F64), [3, 2, 5, 7], 99, 5, 1.0)
+    unit = lib.kron_eigen_noise(torch.ones(1, 1, dtype=F64), [3, 2, 5, 7], _so(99, 5), 1.0)
     torch.testing.assert_close(e, unit * var.sqrt(), rtol=1e-15, atol=0)
-    e32 = lib.kron_eigen_noise(torch.ones(1, 1), [3, 2, 5, 7], 99, 5, 1.0)
+    e32 = lib.kron_eigen_noise(torch.ones(1, 1), [3, 2, 5, 7], _so(99, 5), 1.0)
     assert (e32.double() - unit).abs().max() < 1e-5
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        a = lib.kron_eigen_noise(var.float(), [64, 5, 7], 3, 0, 0.5)
+        a = lib.kron_eigen_noise(var.float(), [64, 5, 7], _so(3, 0), 0.5)
         torch.set_num_threads(max(2, threads))
-        b = lib.kron_eigen_noise(var.float(), [64, 5, 7], 3, 0, 0.5)
+        b = lib.kron_eigen_noise(var.float(), [64, 5, 7], _so(3, 0), 0.5)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(a, b)
-    assert not torch.equal(a, lib.kron_eigen_noise(var.float(), [64, 5, 7], 4, 0, 0.5))
-    assert not torch.equal(a, lib.kron_eigen_noise(var.float(), [64, 5, 7], 3, 1, 0.5))
+    assert not torch.equal(a, lib.kron_eigen_noise(var.float(), [64, 5, 7], _so(4, 0), 0.5))
+    assert not torch.equal(a, lib.kron_eigen_noise(var.float(), [64, 5, 7], _so(3, 1), 0.5))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 def test_noise_moments(dtype):
     """Mean 0, variance 1, no correlation between neighbouring entries, rows and samples."""
     n = 200_000
-    e = lib.kron_eigen_noise(torch.ones(1, 1, dtype=dtype), [n // 40, 4, 10], 11, 0, 0.5).double()
+    e = lib.kron_eigen_noise(torch.ones(1, 1, dtype=dtype), [n // 40, 4, 10], _so(11, 0), 0.5).double()
     x = e.reshape(-1)
     assert abs(x.mean().item()) < Z / math.sqrt(n)
     assert abs(x.var().item() - 1) < Z * math.sqrt(2 / n)
@@ -351,13 +356,13 @@ def test_sample_and_noise_gradcheck():
     var = pos((2, 3, 4), 3).requires_grad_()
 
     def f(a, b, c, d):
-        return lib.kron_eigen_sample(a, b, c, d, 3, 123, 0)
+        return lib.kron_eigen_sample(a, b, c, d, 3, seed=123, offset=0)[0]
 
     assert torch.autograd.gradcheck(f, (loc, qo, qi, var))
     assert torch.autograd.gradgradcheck(f, (loc, qo, qi, var))
-    g = lambda d: lib.kron_eigen_noise(d, [3, 2, 3, 4], 5, 1, 0.7)  # noqa: E731
+    g = lambda d: lib.kron_eigen_noise(d, [3, 2, 3, 4], _so(5, 1), 0.7)  # noqa: E731
     assert torch.autograd.gradcheck(g, (var,)) and torch.autograd.gradgradcheck(g, (var,))
-    assert torch.autograd.gradcheck(lambda d: lib.kron_eigen_noise(d, [3, 2, 3, 4], 5, 1, 0.0), (var,))
+    assert torch.autograd.gradcheck(lambda d: lib.kron_eigen_noise(d, [3, 2, 3, 4], _so(5, 1), 0.0), (var,))
 
 
 def test_sample_wrapper_generator_and_shapes():
@@ -375,15 +380,23 @@ def test_sample_wrapper_generator_and_shapes():
 def test_sample_errors():
     loc, qo, qi, var = randn((5, 3), 0), orth(5, 1), orth(3, 2), pos((5, 3), 3)
     with pytest.raises(RuntimeError, match="variance must have trailing shape"):
-        lib.kron_eigen_sample(loc, qo, qi, var.T, 2, 0, 0)
+        lib.kron_eigen_sample(loc, qo, qi, var.T, 2, seed=0, offset=0)[0]
     with pytest.raises(RuntimeError, match="q_in must have trailing shape"):
-        lib.kron_eigen_sample(loc, qo, qo, var, 2, 0, 0)
+        lib.kron_eigen_sample(loc, qo, qo, var, 2, seed=0, offset=0)[0]
     with pytest.raises(RuntimeError, match="num_samples must be non-negative"):
-        lib.kron_eigen_sample(loc, qo, qi, var, -1, 0, 0)
-    with pytest.raises(RuntimeError, match="offset must be in"):
-        lib.kron_eigen_sample(loc, qo, qi, var, 2, 0, -1)
+        lib.kron_eigen_sample(loc, qo, qi, var, -1, seed=0, offset=0)[0]
+    for off in (-1, 2 ** 48, 2 ** 63 - 1):
+        with pytest.raises(RuntimeError, match=r"offset must be in \[0, 2\^48 - 1\]"):
+            lib.kron_eigen_sample(loc, qo, qi, var, 2, seed=0, offset=off)
+    with pytest.raises(RuntimeError, match=r"seed must be in \[0, 2\^63\)"):
+        lib.kron_eigen_sample(loc, qo, qi, var, 2, seed=-5)
+    w, so = lib.kron_eigen_sample(loc, qo, qi, var, 2, seed=3, offset=2 ** 48 - 1)  # the last valid offset
+    assert so.dtype == torch.int64 and so.tolist() == [3, 2 ** 48 - 1]
+    torch.testing.assert_close(w, loc + qo @ lib.kron_eigen_noise(var, [2, 5, 3], so, 0.5) @ qi.T, rtol=0, atol=1e-14)
+    with pytest.raises(RuntimeError, match="seed_offset must be an int64 tensor of shape"):
+        lib.kron_eigen_noise(var, [2, 5, 3], so[:1], 0.5)
     with pytest.raises(RuntimeError, match="does not broadcast to size"):
-        lib.kron_eigen_noise(var, [2, 3, 5], 0, 0, 0.5)
+        lib.kron_eigen_noise(var, [2, 3, 5], _so(0, 0), 0.5)
 
 
 def test_meta_mixed_with_cpu_is_an_error():
@@ -395,7 +408,7 @@ def test_meta_mixed_with_cpu_is_an_error():
     with pytest.raises(RuntimeError, match="q_out must be on the same device as v"):
         lib.kron_eigen_matvec(qo.to("meta"), qi, var, loc, 1.0)
     with pytest.raises(RuntimeError, match="variance must be on the same device as loc"):
-        lib.kron_eigen_sample(loc, qo, qi, var.to("meta"), 2, 0, 0)
+        lib.kron_eigen_sample(loc, qo, qi, var.to("meta"), 2, seed=0, offset=0)
     assert lib.kron_eigen_matvec(*(t.to("meta") for t in (qo, qi, var, loc)), 1.0).shape == (2, 6, 5)
 
 
@@ -404,11 +417,11 @@ def test_devices_agree(device):
     """The same op on another device: same noise (float64 to rounding), same products."""
     loc, qo, qi, var = randn((2, 6, 5), 0), orth(6, 1), orth(5, 2), pos((6, 5), 3)
     args = [t.to(device) for t in (loc, qo, qi, var)]
-    w = lib.kron_eigen_sample(*args, 4, 17, 2)
-    torch.testing.assert_close(w.cpu(), lib.kron_eigen_sample(loc, qo, qi, var, 4, 17, 2), rtol=1e-12, atol=1e-12)
-    w32 = lib.kron_eigen_sample(*[t.float() for t in args], 4, 17, 2)
+    w = lib.kron_eigen_sample(*args, 4, seed=17, offset=2)[0]
+    torch.testing.assert_close(w.cpu(), lib.kron_eigen_sample(loc, qo, qi, var, 4, seed=17, offset=2)[0], rtol=1e-12, atol=1e-12)
+    w32 = lib.kron_eigen_sample(*[t.float() for t in args], 4, seed=17, offset=2)[0]
     torch.testing.assert_close(w32.cpu(), lib.kron_eigen_sample(loc.float(), qo.float(), qi.float(), var.float(), 4,
-                                                                17, 2), rtol=1e-5, atol=1e-5)
+                                                                seed=17, offset=2)[0], rtol=1e-5, atol=1e-5)
     y = kron_eigen_matvec(args[1], args[2], args[3], args[0], -0.5)
     torch.testing.assert_close(y.cpu(), dense_matvec(qo, qi, var, loc, -0.5), rtol=1e-12, atol=1e-12)
 

@@ -18,7 +18,7 @@ import torch
 from scipy import stats
 
 import vmfdist  # noqa: F401  (registers the ops)
-from vmfdist.random import MAX_OFFSET, draw_seed_offset, philox_normal, philox_uniform
+from vmfdist.random import MAX_OFFSET, philox_normal, philox_uniform
 
 from vmfdist._ops import lib  # noqa: E402
 U32 = 0xFFFFFFFF
@@ -142,35 +142,35 @@ def test_block_noncontiguous_and_empty():
     assert lib.philox4x32(torch.zeros(0, 4, dtype=torch.long), torch.zeros(0, 2, dtype=torch.long)).shape == (0, 4)
 
 
-@pytest.mark.parametrize("seed,offset", [(0, 0), (12345, 7), (2 ** 63 - 1, 2 ** 40 + 3), (-1, MAX_OFFSET - 1),
-                                         (-(2 ** 63), 2 ** 32)])
+@pytest.mark.parametrize("seed,offset", [(0, 0), (12345, 7), (2 ** 63 - 1, 2 ** 40 + 3), (2 ** 62 + 1, MAX_OFFSET - 1),
+                                         (2 ** 63 - 2 ** 32, 2 ** 32)])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_uniform_matches_numpy_reference(seed, offset, dtype):
     n = 1000
-    out = lib.philox_uniform([n], seed, offset, dtype=dtype, device="cpu")
+    out = lib.philox_uniform([n], seed=seed, offset=offset, dtype=dtype, device="cpu")
     ref = np_uniform(np_stream_block0(seed, offset, n), SIGNIFICAND_BITS[dtype])
     # the grid values are exact in the output dtype: bitwise equality
     np.testing.assert_array_equal(out.double().numpy(), ref)
 
 
-@pytest.mark.parametrize("seed,offset", [(0, 0), (987654321, 3), (-5, 2 ** 47)])
+@pytest.mark.parametrize("seed,offset", [(0, 0), (987654321, 3), (2 ** 63 - 5, 2 ** 47)])
 def test_normal_matches_numpy_reference(seed, offset):
     n = 1000
     ref = np_normal(np_stream_block0(seed, offset, n))
-    out64 = lib.philox_normal([n], seed, offset, dtype=torch.float64, device="cpu").numpy()
+    out64 = lib.philox_normal([n], seed=seed, offset=offset, dtype=torch.float64, device="cpu").numpy()
     np.testing.assert_allclose(out64, ref, rtol=1e-12, atol=1e-13)
-    out32 = lib.philox_normal([n], seed, offset, dtype=torch.float32, device="cpu")
+    out32 = lib.philox_normal([n], seed=seed, offset=offset, dtype=torch.float32, device="cpu")
     # float32 = the float64 value rounded once
     np.testing.assert_array_equal(out32.numpy(), torch.from_numpy(out64).float().numpy())
 
 
 def test_shape_is_row_major_index():
-    flat = lib.philox_uniform([24], 3, 1, dtype=torch.float64, device="cpu")
-    shaped = lib.philox_uniform([2, 3, 4], 3, 1, dtype=torch.float64, device="cpu")
+    flat = lib.philox_uniform([24], seed=3, offset=1, dtype=torch.float64, device="cpu")
+    shaped = lib.philox_uniform([2, 3, 4], seed=3, offset=1, dtype=torch.float64, device="cpu")
     assert shaped.shape == (2, 3, 4)
     assert torch.equal(shaped.reshape(-1), flat)
-    assert lib.philox_normal([], 3, 1, dtype=torch.float32, device="cpu").shape == ()
-    assert lib.philox_normal([0, 5], 3, 1, dtype=torch.float32, device="cpu").shape == (0, 5)
+    assert lib.philox_normal([], seed=3, offset=1, dtype=torch.float32, device="cpu").shape == ()
+    assert lib.philox_normal([0, 5], seed=3, offset=1, dtype=torch.float32, device="cpu").shape == (0, 5)
 
 
 # ----------------------------------------------------------------------------
@@ -181,7 +181,7 @@ Z = 5.0
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_uniform_open_interval_and_grid(dtype):
-    u = lib.philox_uniform([N], 11, 0, dtype=dtype, device="cpu")
+    u = lib.philox_uniform([N], seed=11, offset=0, dtype=dtype, device="cpu")
     assert u.dtype == dtype
     p = SIGNIFICAND_BITS[dtype]
     ud = u.double()
@@ -191,20 +191,20 @@ def test_uniform_open_interval_and_grid(dtype):
 
 
 def test_uniform_goodness_of_fit():
-    u = lib.philox_uniform([N], 2024, 0, dtype=torch.float64, device="cpu").numpy()
+    u = lib.philox_uniform([N], seed=2024, offset=0, dtype=torch.float64, device="cpu").numpy()
     assert abs(u.mean() - 0.5) < Z * math.sqrt(1 / 12 / N)
     assert abs(u.var() - 1 / 12) < Z * math.sqrt((1 / 80 - 1 / 144) / N)
     assert stats.kstest(u, "uniform").pvalue > 1e-3
-    u32 = lib.philox_uniform([N], 2025, 0, dtype=torch.float32, device="cpu").numpy()
+    u32 = lib.philox_uniform([N], seed=2025, offset=0, dtype=torch.float32, device="cpu").numpy()
     assert stats.kstest(u32.astype(np.float64), "uniform").pvalue > 1e-3
     counts = np.bincount((u32 * 256).astype(np.int64), minlength=256)
     assert stats.chisquare(counts).pvalue > 1e-3
 
 
 def test_uniform_independence_across_index_offset_seed():
-    a = lib.philox_uniform([N], 1, 0, dtype=torch.float64, device="cpu").numpy()
-    b = lib.philox_uniform([N], 1, 1, dtype=torch.float64, device="cpu").numpy()
-    c = lib.philox_uniform([N], 2, 0, dtype=torch.float64, device="cpu").numpy()
+    a = lib.philox_uniform([N], seed=1, offset=0, dtype=torch.float64, device="cpu").numpy()
+    b = lib.philox_uniform([N], seed=1, offset=1, dtype=torch.float64, device="cpu").numpy()
+    c = lib.philox_uniform([N], seed=2, offset=0, dtype=torch.float64, device="cpu").numpy()
     tol = Z / math.sqrt(N)
     for x, y in ((a[:-1], a[1:]), (a, b), (a, c)):
         assert abs(np.corrcoef(x, y)[0, 1]) < tol
@@ -215,7 +215,7 @@ def test_uniform_independence_across_index_offset_seed():
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_normal_moments_and_fit(dtype):
-    z = lib.philox_normal([N], 777, 0, dtype=dtype, device="cpu").double().numpy()
+    z = lib.philox_normal([N], seed=777, offset=0, dtype=dtype, device="cpu").double().numpy()
     assert abs(z.mean()) < Z / math.sqrt(N)
     assert abs(z.var() - 1) < Z * math.sqrt(2 / N)
     assert abs(stats.skew(z)) < Z * math.sqrt(6 / N)
@@ -226,9 +226,9 @@ def test_normal_moments_and_fit(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_normal_low_precision(dtype):
-    z = lib.philox_normal([N], 5, 0, dtype=dtype, device="cpu")
+    z = lib.philox_normal([N], seed=5, offset=0, dtype=dtype, device="cpu")
     assert z.dtype == dtype and bool(torch.isfinite(z).all())
-    ref = lib.philox_normal([N], 5, 0, dtype=torch.float64, device="cpu")
+    ref = lib.philox_normal([N], seed=5, offset=0, dtype=torch.float64, device="cpu")
     # one rounding (via float32: at most 2**-P relative more); float16 subnormals below 2**-14
     assert torch.allclose(z.double(), ref, rtol=2.0 ** -(SIGNIFICAND_BITS[dtype] - 1), atol=2.0 ** -24)
 
@@ -241,19 +241,19 @@ def test_same_result_for_any_thread_count(op):
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = op([n], 42, 9, dtype=torch.float32, device="cpu")
+        one = op([n], seed=42, offset=9, dtype=torch.float32, device="cpu")
         torch.set_num_threads(2)
-        two = op([n], 42, 9, dtype=torch.float32, device="cpu")
+        two = op([n], seed=42, offset=9, dtype=torch.float32, device="cpu")
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, two)
-    assert torch.equal(one, op([n], 42, 9, dtype=torch.float32, device="cpu"))
+    assert torch.equal(one, op([n], seed=42, offset=9, dtype=torch.float32, device="cpu"))
 
 
 def test_offsets_and_seeds_differ():
-    base = lib.philox_uniform([1000], 42, 0, dtype=torch.float64, device="cpu")
+    base = lib.philox_uniform([1000], seed=42, offset=0, dtype=torch.float64, device="cpu")
     for seed, offset in ((42, 1), (42, 2 ** 32), (42, 2 ** 47), (43, 0), (42 + 2 ** 32, 0)):
-        other = lib.philox_uniform([1000], seed, offset, dtype=torch.float64, device="cpu")
+        other = lib.philox_uniform([1000], seed=seed, offset=offset, dtype=torch.float64, device="cpu")
         assert (other == base).sum().item() == 0  # 2**-52 chance per element of a tie
 
 
@@ -279,16 +279,18 @@ def test_explicit_generator():
     assert torch.equal(torch.get_rng_state(), state)  # the default generator was not touched
 
 
-def test_draw_seed_offset():
-    torch.manual_seed(3)
-    s1, o1 = draw_seed_offset()
-    s2, o2 = draw_seed_offset(device="cpu")
-    assert s1 != s2 and o1 == o2 == 0
-    assert 0 <= s1 < 2 ** 63 and 0 <= s2 < 2 ** 63
-    torch.manual_seed(3)
-    assert draw_seed_offset()[0] == s1
+def test_seed_drawn_from_the_cpu_generator():
+    """Without a seed the op draws it inside, from the CPU generator: equal generator
+    states give equal numbers, the generator advances, and the default generator is the
+    one torch.manual_seed seeds."""
     g = torch.Generator().manual_seed(3)
-    assert draw_seed_offset(g)[0] == s1  # same state as the reseeded default generator
+    a = philox_uniform(1000, generator=g, dtype=torch.float64)
+    g_ref = torch.Generator().manual_seed(3)
+    b = philox_uniform(1000, generator=g_ref, dtype=torch.float64)
+    assert torch.equal(a, b)
+    assert not torch.equal(philox_uniform(1000, generator=g, dtype=torch.float64), a)  # g advanced
+    torch.manual_seed(3)
+    assert torch.equal(philox_uniform(1000, dtype=torch.float64), a)  # the default generator: same state
 
 
 def test_wrapper_defaults_and_dtypes():
@@ -311,11 +313,11 @@ def test_opcheck_philox4x32():
 @pytest.mark.parametrize("op", [lib.philox_uniform, lib.philox_normal])
 @pytest.mark.parametrize("size,dtype", [([3, 4], torch.float32), ([5], torch.float64), ([0], torch.float16)])
 def test_opcheck_factory_ops(op, size, dtype):
-    torch.library.opcheck(op, (size, 123, 4), {"dtype": dtype, "device": torch.device("cpu")})
+    torch.library.opcheck(op, (size,), {"dtype": dtype, "device": torch.device("cpu"), "seed": 123, "offset": 4})
 
 
 def test_meta_device():
-    out = lib.philox_uniform([2, 3], 1, 0, dtype=torch.float32, device="meta")
+    out = lib.philox_uniform([2, 3], seed=1, offset=0, dtype=torch.float32, device="meta")
     assert out.device.type == "meta" and out.shape == (2, 3) and out.dtype == torch.float32
 
 
@@ -344,8 +346,9 @@ def test_philox4x32_bad_input(args, msg):
 
 @pytest.mark.parametrize("op", [lib.philox_uniform, lib.philox_normal])
 @pytest.mark.parametrize("size,offset,dtype,msg", [
-    ([3], -1, torch.float32, r"offset must be in \[0, 2\^48\)"),
-    ([3], 2 ** 48, torch.float32, r"offset must be in \[0, 2\^48\)"),
+    ([3], -1, torch.float32, r"offset must be in \[0, 2\^48 - 1\]"),
+    ([3], 2 ** 48, torch.float32, r"offset must be in \[0, 2\^48 - 1\]"),
+    ([3], 2 ** 63 - 1, torch.float32, r"offset must be in \[0, 2\^48 - 1\]"),
     ([3], 0, torch.int64, "dtype must be float16, bfloat16, float32 or float64"),
     ([3], 0, torch.complex64, "dtype must be float16, bfloat16, float32 or float64"),
     ([2, -1], 0, torch.float32, "size must be non-negative"),
@@ -353,7 +356,17 @@ def test_philox4x32_bad_input(args, msg):
 ])
 def test_factory_bad_input(op, size, offset, dtype, msg):
     with pytest.raises(RuntimeError, match=msg):
-        op(size, 0, offset, dtype=dtype, device="cpu")
+        op(size, dtype=dtype, device="cpu", seed=0, offset=offset)
+
+
+@pytest.mark.parametrize("op", [lib.philox_uniform, lib.philox_normal])
+def test_factory_bad_seed_arguments(op):
+    with pytest.raises(RuntimeError, match=r"seed must be in \[0, 2\^63\)"):
+        op([3], dtype=torch.float32, device="cpu", seed=-1)
+    with pytest.raises(RuntimeError, match="offset needs an explicit seed"):
+        op([3], dtype=torch.float32, device="cpu", offset=1)
+    with pytest.raises(RuntimeError, match="either generator or seed"):
+        op([3], dtype=torch.float32, device="cpu", generator=torch.Generator(), seed=1)
 
 
 def test_wrapper_bad_input():
@@ -365,6 +378,21 @@ def test_wrapper_bad_input():
         philox_normal((2, -3))
     with pytest.raises(TypeError, match="dtype must be"):
         philox_normal(3, dtype=torch.int32)
+    # integers >= 2**63 are refused here with a message, not by the dispatcher's type check
+    with pytest.raises(ValueError, match="fewer than 2\\*\\*48 elements"):
+        philox_uniform(2 ** 63)
+    with pytest.raises(ValueError, match=r"philox_uniform: seed must be in \[0, 9223372036854775808\), got 9223372036854775808"):
+        philox_uniform(3, seed=2 ** 63)
+    with pytest.raises(ValueError, match=r"philox_normal: offset must be in \[0, 281474976710656\)"):
+        philox_normal(3, seed=1, offset=2 ** 63 - 1)
+    with pytest.raises(ValueError, match="offset needs an explicit seed"):
+        philox_normal(3, offset=1)
+    with pytest.raises(ValueError, match="either generator or seed"):
+        philox_normal(3, seed=1, generator=torch.Generator())
+    with pytest.raises(TypeError, match="seed must be an int"):
+        philox_normal(3, seed=1.5)
+    assert torch.equal(philox_normal(5, seed=7, offset=3, dtype=torch.float64),
+                       lib.philox_normal([5], dtype=torch.float64, device="cpu", seed=7, offset=3))
 
 
 # ----------------------------------------------------------------------------
@@ -375,16 +403,19 @@ def test_cuda_matches_cpu():
     key = torch.randint(0, 2 ** 32, (5000, 2))
     assert torch.equal(lib.philox4x32(ctr.cuda(), key.cuda(), 10).cpu(), lib.philox4x32(ctr, key, 10))
     for dtype in FLOAT_DTYPES:
-        u_cpu = lib.philox_uniform([3, 50_000], 99, 5, dtype=dtype, device="cpu")
-        u_gpu = lib.philox_uniform([3, 50_000], 99, 5, dtype=dtype, device="cuda")
+        u_cpu = lib.philox_uniform([3, 50_000], seed=99, offset=5, dtype=dtype, device="cpu")
+        u_gpu = lib.philox_uniform([3, 50_000], seed=99, offset=5, dtype=dtype, device="cuda")
         assert u_gpu.device.type == "cuda" and torch.equal(u_gpu.cpu(), u_cpu)
-    z_cpu = lib.philox_normal([100_000], 99, 5, dtype=torch.float64, device="cpu")
-    z_gpu = lib.philox_normal([100_000], 99, 5, dtype=torch.float64, device="cuda")
+    z_cpu = lib.philox_normal([100_000], seed=99, offset=5, dtype=torch.float64, device="cpu")
+    z_gpu = lib.philox_normal([100_000], seed=99, offset=5, dtype=torch.float64, device="cuda")
     torch.testing.assert_close(z_gpu.cpu(), z_cpu, rtol=1e-13, atol=1e-14)
+    # the default CUDA generator: torch.manual_seed makes it reproducible, calls differ
     torch.manual_seed(0)
     a = philox_uniform(1000, device="cuda", dtype=torch.float64)
+    b = philox_uniform(1000, device="cuda", dtype=torch.float64)
     torch.manual_seed(0)
-    assert torch.equal(a.cpu(), philox_uniform(1000, device="cpu", dtype=torch.float64))
+    assert torch.equal(a, philox_uniform(1000, device="cuda", dtype=torch.float64))
+    assert not torch.equal(a, b)
 
 
 # ----------------------------------------------------------------------------

@@ -17,7 +17,9 @@ from torch.distributions import (Gamma, Independent, InverseGamma, LogNormal, No
                                  kl_divergence)
 
 from vmfdist.distributions import Radial, kl_radial_radial, radial_noise
+from vmfdist._ops.random import random_kwargs
 from vmfdist._ops import lib
+from vmfdist.testing import cpu_and_cuda
 
 F64 = torch.float64
 Z = 4.5  # standard errors allowed
@@ -145,7 +147,8 @@ def test_gradcheck_log_prob_entropy_kl():
 def test_radial_noise_gradcheck(rowwise):
     loc = torch.randn(3, 5, dtype=F64, requires_grad=True)
     scale = (torch.rand(3, 5, dtype=F64) + 0.2).requires_grad_(True)
-    assert torch.autograd.gradcheck(lambda l, s: lib.radial_noise(l, s, 4, 99, 0, rowwise)[0], (loc, scale))
+    assert torch.autograd.gradcheck(lambda l, s: lib.radial_noise(l, s, 4, rowwise, seed=99, offset=0)[0],
+                                    (loc, scale))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
@@ -191,15 +194,99 @@ def test_radial_noise_deterministic_and_chunked():
 def test_radial_noise_errors_and_opcheck():
     loc = torch.randn(2, 3, dtype=F64)
     with pytest.raises(RuntimeError, match="same shape"):
-        lib.radial_noise(loc, torch.ones(3, 2, dtype=F64), 1, 0, 0)
+        lib.radial_noise(loc, torch.ones(3, 2, dtype=F64), 1, seed=0, offset=0)
     with pytest.raises(RuntimeError, match="num_samples must be non-negative"):
-        lib.radial_noise(loc, torch.ones_like(loc), -1, 0, 0)
+        lib.radial_noise(loc, torch.ones_like(loc), -1, seed=0, offset=0)
     with pytest.raises(ValueError):
         Radial(loc, -torch.ones_like(loc), validate_args=True)
-    torch.library.opcheck(lib.radial_noise, (loc, torch.ones_like(loc) * 0.5, 3, 7, 0, False))
-    torch.library.opcheck(lib.radial_noise, (loc, torch.ones_like(loc) * 0.5, 3, 7, 0, True))
+    torch.library.opcheck(lib.radial_noise, (loc, torch.ones_like(loc) * 0.5, 3, False), {"seed": 7, "offset": 0})
+    torch.library.opcheck(lib.radial_noise, (loc, torch.ones_like(loc) * 0.5, 3, True), {"seed": 7, "offset": 0})
     g = torch.randn(3, 2, 3, dtype=F64)
-    torch.library.opcheck(lib.radial_noise_scale_grad, (g, torch.randn(3, dtype=F64), 7, 0, False))
+    so = torch.tensor([7, 0])
+    torch.library.opcheck(lib.radial_noise_scale_grad, (g, torch.randn(3, dtype=F64), so, False))
+
+
+def test_radial_noise_seed_offset_ranges():
+    """Issue 14: offsets whose second stream (offset + 1) overflows were accepted (offset + 1 < 2^48 overflowed
+    at 2^63 - 1) and reused other offsets' streams; out-of-range seeds and offsets are refused."""
+    loc, scale = torch.zeros(2, 3, dtype=F64), torch.ones(2, 3, dtype=F64)
+    for off in (2 ** 63 - 1, 2 ** 48 - 1, 2 ** 48, -1):
+        with pytest.raises(RuntimeError, match=r"radial_noise: offset must be in \[0, 2\^48 - 2\]"):
+            lib.radial_noise(loc, scale, 1, seed=1, offset=off)
+    with pytest.raises(RuntimeError, match=r"radial_noise: seed must be in \[0, 2\^63\)"):
+        lib.radial_noise(loc, scale, 1, seed=-1)
+    out, coef, so = lib.radial_noise(loc, scale, 2, seed=5, offset=2 ** 48 - 2)  # the last valid offset
+    assert so.tolist() == [5, 2 ** 48 - 2] and so.dtype == torch.int64
+    # the Python side (integers >= 2^63 never reach the dispatcher)
+    with pytest.raises(ValueError, match=r"radial_noise: offset must be in \[0, 281474976710655\)"):
+        random_kwargs("radial_noise", None, 1, 2 ** 63 - 1, streams=2)
+    with pytest.raises(ValueError, match=r"radial_noise: seed must be in \[0, 9223372036854775808\)"):
+        random_kwargs("radial_noise", None, 2 ** 63, 0, streams=2)
+    with pytest.raises(RuntimeError, match="seed_offset must be an int64 tensor of shape"):
+        lib.radial_noise_scale_grad(torch.ones(2, 2, 3, dtype=F64), coef, so.double())
+
+
+def test_radial_noise_fake_matches_op():
+    """Issue 14: the fake (meta) kernel gives the op's shapes -- rowwise with a last dimension of 0 gives coef
+    (S, 0), and a 0-dim loc with rowwise raises in both."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    cases = [((3, 0), True), ((0, 4), True), ((2, 3), True), ((2, 3), False), ((), False), ((5,), True)]
+    for shape, rowwise in cases:
+        loc = torch.zeros(shape, dtype=F64)
+        real = lib.radial_noise(loc, torch.ones_like(loc), 3, rowwise, seed=1)
+        with FakeTensorMode() as mode:
+            fl = mode.from_tensor(loc)
+            fake = lib.radial_noise(fl, torch.ones_like(fl), 3, rowwise)
+        assert [tuple(t.shape) for t in fake] == [tuple(t.shape) for t in real], (shape, rowwise)
+        assert [t.dtype for t in fake] == [t.dtype for t in real]
+    loc0 = torch.zeros((), dtype=F64)
+    with pytest.raises(RuntimeError, match="rowwise needs loc with at least one dimension"):
+        lib.radial_noise(loc0, torch.ones_like(loc0), 3, True, seed=1)
+    with FakeTensorMode() as mode, pytest.raises(RuntimeError, match="rowwise needs loc with at least one dimension"):
+        fl = mode.from_tensor(loc0)
+        lib.radial_noise(fl, torch.ones_like(fl), 3, True)
+
+
+def test_radial_double_backward():
+    """Issue 14: d2/dscale2 through Radial.rsample was silently 0.  The loc part is exact (a sum), the
+    scale part refuses a second derivative with a clear error."""
+    loc = torch.randn(4, dtype=F64, requires_grad=True)
+    scale = torch.full((4,), 0.5, dtype=F64, requires_grad=True)
+    torch.manual_seed(0)
+    w = Radial(loc, scale).rsample((3,))
+    (g,) = torch.autograd.grad(w.pow(2).sum(), scale, create_graph=False)
+    assert g.abs().sum() > 0
+    w = Radial(loc, scale).rsample((3,))
+    with pytest.raises(RuntimeError, match="differentiable only once with respect to scale"):
+        torch.autograd.grad(w.pow(2).sum(), scale, create_graph=True)
+    # loc only: d2/dloc2 of sum(w^2) over 3 samples is 2 * 3 per element, exactly
+    w = Radial(loc, scale.detach()).rsample((3,))
+    (gl,) = torch.autograd.grad(w.pow(2).sum(), loc, create_graph=True)
+    (h,) = torch.autograd.grad(gl.sum(), loc)
+    torch.testing.assert_close(h, torch.full((4,), 6.0, dtype=F64), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+@pytest.mark.parametrize("dtype,tol", [(F64, 1e-12), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("rowwise", [False, True])
+def test_devices_agree(device, dtype, tol, rowwise):
+    """The same (seed, offset) on another device: the same noise up to the rounding of the transcendental
+    functions (host libm vs CUDA) and of the summation order, for events shorter and longer than one chunk;
+    the scale gradient regenerated on the device from the seed_offset tensor the forward left there."""
+    for shape in [(3, 5), (2, 3, 4100)]:
+        g = torch.Generator().manual_seed(3)
+        loc = torch.randn(shape, generator=g, dtype=F64).to(dtype)
+        scale = (torch.rand(shape, generator=g, dtype=F64) + 0.2).to(dtype)
+        out, coef, so = lib.radial_noise(loc, scale, 3, rowwise, seed=17, offset=6)
+        out_d, coef_d, so_d = lib.radial_noise(loc.to(device), scale.to(device), 3, rowwise, seed=17, offset=6)
+        assert out_d.device.type == device and so_d.device.type == device
+        assert so_d.cpu().tolist() == so.tolist() == [17, 6]
+        torch.testing.assert_close(coef_d.cpu(), coef, rtol=1e-12, atol=0)
+        torch.testing.assert_close(out_d.cpu(), out, rtol=tol, atol=tol)
+        grad = torch.randn(out.shape, generator=g, dtype=F64).to(dtype)
+        gs = lib.radial_noise_scale_grad(grad, coef, so, rowwise)
+        gs_d = lib.radial_noise_scale_grad(grad.to(device), coef_d, so_d, rowwise)
+        torch.testing.assert_close(gs_d.cpu(), gs, rtol=tol, atol=tol)
 
 
 # ---------------------------------------------------------------------------

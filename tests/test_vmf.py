@@ -115,12 +115,12 @@ def test_meta_mixed_with_cpu_is_an_error():
     CPU memory): the raw ops must refuse arguments on different devices, naming them."""
     loc, kappa = torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([2.0])
     with pytest.raises(RuntimeError, match="concentration must be on the same device as loc, got concentration on meta"):
-        lib.vmf_sample(loc, kappa.to("meta"), 1, 0, 0)
+        lib.vmf_sample(loc, kappa.to("meta"), 1, seed=0, offset=0)
     with pytest.raises(RuntimeError, match="concentration must be on the same device as loc, got concentration on cpu"):
-        lib.vmf_sample(loc.to("meta"), kappa, 1, 0, 0)
+        lib.vmf_sample(loc.to("meta"), kappa, 1, seed=0, offset=0)
     with pytest.raises(RuntimeError, match="concentration must be on the same device as one_minus_w"):
         lib.vmf_marginal_grad(torch.tensor([0.5]), kappa.to("meta"), 3)
-    x, omw = lib.vmf_sample(loc.to("meta"), kappa.to("meta"), 4, 0, 0)
+    x, omw = lib.vmf_sample(loc.to("meta"), kappa.to("meta"), 4, seed=0, offset=0)
     assert x.device.type == "meta" and x.shape == (4, 1, 3) and omw.shape == (4, 1)
 
 
@@ -443,6 +443,52 @@ def test_loc_gradient():
     assert ((g - exact).abs() <= Z * se * math.sqrt(20) + 1e-12).all()
 
 
+def test_double_backward():
+    """Issue 14: d2/dkappa2 through rsample was silently 0 (finite differences of the first derivative give
+    -0.0255 at the issue's case) and the loc part raised "element 0 of tensors does not require grad".
+    Now: with respect to loc the higher derivatives are exact (gradgradcheck against finite differences,
+    same streams); with respect to kappa a double backward raises a clear error."""
+    loc = torch.stack([unit(5, 1), unit(5, 2, first=-0.9)]).requires_grad_(True)
+    kappa = torch.tensor([3.0, 40.0], dtype=F64)
+
+    def f(l):
+        return lib.vmf_sample(l, kappa, 3, seed=11, offset=4)[0]
+
+    assert torch.autograd.gradcheck(f, (loc,))
+    assert torch.autograd.gradgradcheck(f, (loc,))
+    k = torch.tensor(2.0, dtype=F64, requires_grad=True)
+    x = VonMisesFisher(unit(4), k).rsample((8,), generator=torch.Generator().manual_seed(0))
+    (g,) = torch.autograd.grad(x[..., 0].sum(), k)  # once: fine
+    assert torch.isfinite(g)
+    x = VonMisesFisher(unit(4), k).rsample((8,), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(RuntimeError, match="differentiable only once with respect to the concentration"):
+        torch.autograd.grad(x[..., 0].sum(), k, create_graph=True)
+
+
+def test_seed_and_offset_ranges():
+    """Issue 14: vmf_sample(..., 2**63 - 1) was accepted (offset + 1 < 2^48 overflowed) and reused the streams
+    of other offsets.  The op uses offsets offset and offset + 1: both must be below 2^48."""
+    loc, k = unit(3).unsqueeze(0), torch.ones(1, dtype=F64)
+    for off in (2 ** 63 - 1, 2 ** 48 - 1, 2 ** 48, -1):
+        with pytest.raises(RuntimeError, match=r"vmf_sample: offset must be in \[0, 2\^48 - 2\]"):
+            lib.vmf_sample(loc, k, 1, seed=1, offset=off)
+    with pytest.raises(RuntimeError, match=r"vmf_sample: seed must be in \[0, 2\^63\)"):
+        lib.vmf_sample(loc, k, 1, seed=-1)
+    with pytest.raises(RuntimeError, match="offset needs an explicit seed"):
+        lib.vmf_sample(loc, k, 1, offset=3)
+    with pytest.raises(RuntimeError, match="either generator or seed"):
+        lib.vmf_sample(loc, k, 1, generator=torch.Generator(), seed=3)
+    a = lib.vmf_sample(loc, k, 4, seed=1, offset=2 ** 48 - 2)[0]  # the last valid offset
+    b = lib.vmf_sample(loc, k, 4, seed=1, offset=2 ** 48 - 3)[0]
+    assert torch.isfinite(a).all() and not torch.equal(a, b)
+    # explicit seed = the seed the op draws from an equal generator state is not observable, but equal
+    # generator states give equal samples, and the generator advances
+    g1, g2 = torch.Generator().manual_seed(8), torch.Generator().manual_seed(8)
+    x1 = lib.vmf_sample(loc, k, 4, generator=g1)[0]
+    assert torch.equal(x1, lib.vmf_sample(loc, k, 4, generator=g2)[0])
+    assert not torch.equal(x1, lib.vmf_sample(loc, k, 4, generator=g1)[0])
+
+
 # ---------------------------------------------------------------------------
 # fitting
 
@@ -527,9 +573,9 @@ def test_bad_inputs():
     with pytest.raises(ValueError):
         v.log_prob(torch.tensor([2.0, 0.0, 0.0], dtype=F64))
     with pytest.raises(RuntimeError, match="num_samples must be non-negative"):
-        lib.vmf_sample(unit(3).unsqueeze(0), torch.ones(1, dtype=F64), -1, 0, 0)
+        lib.vmf_sample(unit(3).unsqueeze(0), torch.ones(1, dtype=F64), -1, seed=0, offset=0)
     with pytest.raises(RuntimeError, match="concentration must have shape"):
-        lib.vmf_sample(unit(3).unsqueeze(0), torch.ones(2, dtype=F64), 1, 0, 0)
+        lib.vmf_sample(unit(3).unsqueeze(0), torch.ones(2, dtype=F64), 1, seed=0, offset=0)
     with pytest.raises(RuntimeError, match="dim must be at least 2"):
         lib.vmf_marginal_grad(torch.ones(2, dtype=F64), torch.ones(2, dtype=F64), 1)
     # out-of-domain marginal gradient: NaN, documented
@@ -540,7 +586,7 @@ def test_bad_inputs():
 def test_opcheck():
     loc = torch.stack([unit(5, 1), unit(5, 2)])
     kap = torch.tensor([1.0, 30.0], dtype=F64)
-    torch.library.opcheck(lib.vmf_sample, (loc, kap, 3, 123, 0),
+    torch.library.opcheck(lib.vmf_sample, (loc, kap, 3), {"seed": 123, "offset": 0},
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
     torch.library.opcheck(lib.vmf_marginal_grad, (torch.tensor([0.1, 1.5], dtype=F64), kap, 5))
 
@@ -628,8 +674,8 @@ def test_cuda_matches_cpu(dtype):
     for d, k in [(3, 5.0), (16, 100.0), (300, 1e3), (5000, 1e4)]:
         loc = torch.stack([unit(d, 1, dtype), unit(d, 2, dtype, first=-1.0)])
         kap = torch.tensor([k, 0.1 * k], dtype=dtype)
-        x_cpu, o_cpu = lib.vmf_sample(loc, kap, 257, 42, 0)
-        x_gpu, o_gpu = lib.vmf_sample(loc.cuda(), kap.cuda(), 257, 42, 0)
+        x_cpu, o_cpu = lib.vmf_sample(loc, kap, 257, seed=42, offset=0)
+        x_gpu, o_gpu = lib.vmf_sample(loc.cuda(), kap.cuda(), 257, seed=42, offset=0)
         tol = 1e-5 if dtype == torch.float32 else 1e-12
         close = ((x_cpu - x_gpu.cpu()).abs().amax(-1) <= tol)
         assert close.double().mean() >= 0.995

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ._ops import lib
-from ._ops.random import draw_seed_offset
+from ._ops.random import call_sampler
 from ._ops.vmf import householder
 
 __all__ = ["kron_eigen_matvec", "kron_eigen_sample", "householder"]
@@ -50,15 +50,11 @@ def kron_eigen_sample(loc: torch.Tensor, q_out: torch.Tensor, q_in: torch.Tensor
 
     Shapes as in :func:`kron_eigen_matvec` (``loc`` and ``variance`` ``(..., out, in)``);
     returns ``sample_shape + batch + (out, in)``.  :math:`E` is drawn inside the op from
-    the project's Philox streams (``kron_eigen_noise``; the seed comes from ``generator``,
-    default ``torch.default_generator``, via ``vmfdist.random.draw_seed_offset``), and
+    the project's Philox streams (``kron_eigen_noise``; the seed is drawn inside the op from
+    ``generator``, default the device's default generator; see :mod:`vmfdist.random`), and
     is regenerated in the backward pass instead of being stored.  Reparameterised:
     differentiable in ``loc``, ``variance`` and both bases.
     """
-    sample_shape = torch.Size(sample_shape)
-    n = 1
-    for k in sample_shape:
-        n *= k
-    seed, offset = draw_seed_offset(generator, loc.device)
-    w = lib.kron_eigen_sample(loc, q_out, q_in, variance, n, seed, offset)
-    return w.reshape(sample_shape + w.shape[1:])
+    w, _ = call_sampler("kron_eigen_sample", lib.kron_eigen_sample, loc, q_out, q_in, variance,
+                        sample_shape=sample_shape, generator=generator)
+    return w

@@ -10,10 +10,13 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <optional>
+#include <tuple>
 #include <type_traits>
 
 #include "vmfdist/kron.h"
 #include "host/kron_host.h"
+#include "host/random_state.h"
 
 namespace vmfdist {
 namespace {
@@ -77,8 +80,11 @@ struct CpuBackend {
     });
   }
 
+  using Seed = SeedOffset;
+
   static void noise(at::Tensor& z, const at::Tensor& s, const BatchOffsets& offs, int64_t out, int64_t in,
-                    uint64_t seed, uint64_t offset, double power) {
+                    const Seed& so, double power) {
+    const uint64_t seed = so.seed, offset = so.offset;
     const int64_t rows = z.numel() / in;
     const int64_t grain = std::max<int64_t>(1, 4096 / in);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, z.scalar_type(), "kron_eigen_noise", [&] {
@@ -102,14 +108,22 @@ at::Tensor kron_eigen_matvec_cpu(const at::Tensor& q_out, const at::Tensor& q_in
   return kron::kron_eigen_matvec_impl<CpuBackend>(q_out, q_in, scale, v, power);
 }
 
-at::Tensor kron_eigen_noise_cpu(const at::Tensor& variance, c10::SymIntArrayRef size, int64_t seed, int64_t offset,
+at::Tensor kron_eigen_noise_cpu(const at::Tensor& variance, c10::SymIntArrayRef size, const at::Tensor& seed_offset,
                                 double power) {
-  return kron::kron_eigen_noise_impl<CpuBackend>(variance, C10_AS_INTARRAYREF_SLOW(size), seed, offset, power);
+  const SeedOffset so = read_seed_offset_cpu("kron_eigen_noise", seed_offset, 1);
+  return kron::kron_eigen_noise_impl<CpuBackend>(variance, C10_AS_INTARRAYREF_SLOW(size), so, power);
 }
 
-at::Tensor kron_eigen_sample_cpu(const at::Tensor& loc, const at::Tensor& q_out, const at::Tensor& q_in,
-                                 const at::Tensor& variance, int64_t num_samples, int64_t seed, int64_t offset) {
-  return kron::kron_eigen_sample_impl<CpuBackend>(loc, q_out, q_in, variance, num_samples, seed, offset);
+std::tuple<at::Tensor, at::Tensor> kron_eigen_sample_cpu(const at::Tensor& loc, const at::Tensor& q_out,
+                                                         const at::Tensor& q_in, const at::Tensor& variance,
+                                                         c10::SymInt num_samples,
+                                                         std::optional<at::Generator> generator,
+                                                         std::optional<int64_t> seed,
+                                                         std::optional<int64_t> offset) {
+  const int64_t n = num_samples.expect_int();
+  TORCH_CHECK(n >= 0, "kron_eigen_sample: num_samples must be non-negative, got ", n);
+  const SeedOffset so = cpu_seed_offset("kron_eigen_sample", generator, seed, offset, 1);
+  return {kron::kron_eigen_sample_impl<CpuBackend>(loc, q_out, q_in, variance, n, so), cpu_seed_offset_tensor(so)};
 }
 
 }  // namespace

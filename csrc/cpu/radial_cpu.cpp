@@ -8,11 +8,13 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <optional>
 #include <tuple>
 #include <vector>
 
 #include "vmfdist/radial.h"
 #include "host/radial_checks.h"
+#include "host/random_state.h"
 
 namespace vmfdist {
 namespace {
@@ -36,19 +38,24 @@ double sum_squares(const scalar_t* x, int64_t n) {
   return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
-std::tuple<at::Tensor, at::Tensor> radial_noise_cpu(const at::Tensor& loc_in, const at::Tensor& scale_in,
-                                                    int64_t num_samples, int64_t seed, int64_t offset,
-                                                    bool rowwise) {
-  const RadialLayout lay = check_radial_args(loc_in, scale_in, num_samples, offset, rowwise);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> radial_noise_cpu(const at::Tensor& loc_in, const at::Tensor& scale_in,
+                                                                c10::SymInt num_samples_in, bool rowwise,
+                                                                std::optional<at::Generator> generator,
+                                                                std::optional<int64_t> seed_in,
+                                                                std::optional<int64_t> offset_in) {
+  const int64_t num_samples = num_samples_in.expect_int();
+  const RadialLayout lay = check_radial_args(loc_in, scale_in, num_samples, rowwise);
+  const SeedOffset so = cpu_seed_offset("radial_noise", generator, seed_in, offset_in, 2);
+  at::Tensor seed_offset = cpu_seed_offset_tensor(so);
   const at::Tensor loc = loc_in.contiguous(), scale = scale_in.contiguous();
   auto [out, coef] = allocate_radial_outputs(loc, num_samples, lay, rowwise);
   const int64_t streams = num_samples * lay.groups;
-  if (streams == 0 || lay.length == 0) return {out, coef};
+  if (streams == 0 || lay.length == 0) return {out, coef, seed_offset};
   const int64_t nchunk = (lay.length + kRadialChunk - 1) / kRadialChunk;
   const int64_t units = streams * nchunk;
   std::vector<double> partial(static_cast<size_t>(units));
   double* pc = coef.mutable_data_ptr<double>();
-  const uint64_t sd = static_cast<uint64_t>(seed), of = static_cast<uint64_t>(offset);
+  const uint64_t sd = so.seed, of = so.offset;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, loc.scalar_type(), "radial_noise", [&] {
     scalar_t* po = out.mutable_data_ptr<scalar_t>();
     const scalar_t* pm = loc.const_data_ptr<scalar_t>();
@@ -90,12 +97,14 @@ std::tuple<at::Tensor, at::Tensor> radial_noise_cpu(const at::Tensor& loc_in, co
       }
     });
   });
-  return {out, coef};
+  return {out, coef, seed_offset};
 }
 
-at::Tensor radial_noise_scale_grad_cpu(const at::Tensor& grad_in, const at::Tensor& coef_in, int64_t seed,
-                                       int64_t offset, bool rowwise) {
-  const RadialLayout lay = check_radial_grad_args(grad_in, coef_in, offset, rowwise);
+at::Tensor radial_noise_scale_grad_cpu(const at::Tensor& grad_in, const at::Tensor& coef_in,
+                                       const at::Tensor& seed_offset, bool rowwise) {
+  constexpr const char* op = "radial_noise_scale_grad";
+  const RadialLayout lay = check_radial_grad_args(grad_in, coef_in, rowwise);
+  const SeedOffset so = read_seed_offset_cpu(op, seed_offset, 2);
   const at::Tensor grad = grad_in.contiguous();
   const at::Tensor coef = coef_in.to(at::kDouble).contiguous();
   const int64_t S = grad.size(0);
@@ -104,7 +113,7 @@ at::Tensor radial_noise_scale_grad_cpu(const at::Tensor& grad_in, const at::Tens
   const int64_t units = lay.groups * nchunk;
   if (units == 0) return out;
   const double* pc = coef.const_data_ptr<double>();
-  const uint64_t sd = static_cast<uint64_t>(seed), of = static_cast<uint64_t>(offset);
+  const uint64_t sd = so.seed, of = so.offset;
   const int64_t event = lay.groups * lay.length;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "radial_noise_scale_grad", [&] {
     const scalar_t* pg = grad.const_data_ptr<scalar_t>();

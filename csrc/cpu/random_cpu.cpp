@@ -10,7 +10,10 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <optional>
+
 #include "host/random_checks.h"
+#include "host/random_state.h"
 #include "vmfdist/random_ops.h"
 
 namespace vmfdist {
@@ -36,14 +39,16 @@ at::Tensor philox4x32_cpu(const at::Tensor& counter_in, const at::Tensor& key_in
 }
 
 template <template <typename> class Fn>
-at::Tensor philox_fill_cpu(const char* op, c10::SymIntArrayRef size_in, int64_t seed, int64_t offset,
-                           at::ScalarType dtype, at::Device device) {
+at::Tensor philox_fill_cpu(const char* op, c10::SymIntArrayRef size_in, at::ScalarType dtype, at::Device device,
+                           const std::optional<at::Generator>& generator, std::optional<int64_t> seed,
+                           std::optional<int64_t> offset) {
   const at::IntArrayRef size = C10_AS_INTARRAYREF_SLOW(size_in);
-  check_philox_factory(op, size, offset, dtype);
+  check_philox_factory(op, size, dtype);
+  const SeedOffset so = cpu_seed_offset(op, generator, seed, offset, 1);
   at::Tensor out = at::empty(size, at::TensorOptions().dtype(dtype).device(device));
   const int64_t n = out.numel();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "vmfdist_philox_fill", [&] {
-    const Fn<scalar_t> fn{static_cast<uint64_t>(seed), static_cast<uint64_t>(offset)};
+    const Fn<scalar_t> fn{so.seed, so.offset};
     scalar_t* po = out.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) po[i] = fn(static_cast<uint64_t>(i));
@@ -52,14 +57,16 @@ at::Tensor philox_fill_cpu(const char* op, c10::SymIntArrayRef size_in, int64_t 
   return out;
 }
 
-at::Tensor philox_uniform_cpu(c10::SymIntArrayRef size, int64_t seed, int64_t offset, at::ScalarType dtype,
-                              at::Device device) {
-  return philox_fill_cpu<PhiloxUniformFn>("philox_uniform", size, seed, offset, dtype, device);
+at::Tensor philox_uniform_cpu(c10::SymIntArrayRef size, at::ScalarType dtype, at::Device device,
+                              std::optional<at::Generator> generator, std::optional<int64_t> seed,
+                              std::optional<int64_t> offset) {
+  return philox_fill_cpu<PhiloxUniformFn>("philox_uniform", size, dtype, device, generator, seed, offset);
 }
 
-at::Tensor philox_normal_cpu(c10::SymIntArrayRef size, int64_t seed, int64_t offset, at::ScalarType dtype,
-                             at::Device device) {
-  return philox_fill_cpu<PhiloxNormalFn>("philox_normal", size, seed, offset, dtype, device);
+at::Tensor philox_normal_cpu(c10::SymIntArrayRef size, at::ScalarType dtype, at::Device device,
+                             std::optional<at::Generator> generator, std::optional<int64_t> seed,
+                             std::optional<int64_t> offset) {
+  return philox_fill_cpu<PhiloxNormalFn>("philox_normal", size, dtype, device, generator, seed, offset);
 }
 
 }  // namespace

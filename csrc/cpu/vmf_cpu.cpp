@@ -9,12 +9,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <tuple>
 
 #include <type_traits>
 
 #include "vmfdist/fast_normal.h"
 #include "vmfdist/vmf.h"
+#include "host/random_state.h"
 #include "host/vmf_checks.h"
 
 namespace vmfdist {
@@ -80,18 +82,14 @@ void finish_row(const scalar_t* mu, double kappa, const vmf::Wood& p, int64_t d,
       if (i > 0) me += mi * static_cast<double>(x[i]);
     }
   }
-  const double inv_mu = 1.0 / std::sqrt(mm);
-  const double scale = std::sqrt(m.omw * m.opw) / std::sqrt(ee);  // y_i = scale e_i
-  const vmf::Reflection r = vmf::reflection(static_cast<double>(mu[0]) * mu_scale * inv_mu);
-  const double sigma = m.w * r.den - r.sgn * scale * me * inv_mu;
-  const double c = sigma / r.den * inv_mu;  // sigma / den, times the normalisation of mu_i
-  x[0] = static_cast<scalar_t>(r.sgn * (m.w - sigma));
-  const double sy = r.sgn * scale;
+  const vmf::RowRotation t =
+      vmf::row_rotation(m.w, m.omw, m.opw, ee, me, mm, static_cast<double>(mu[0]) * mu_scale);
+  x[0] = static_cast<scalar_t>(t.x0);
   if (mu_scale == 1.0) {
-    row_rotate<scalar_t>(x + 1, mu + 1, nt, sy, c);
+    row_rotate<scalar_t>(x + 1, mu + 1, nt, t.sy, t.c);
   } else {
     for (int64_t i = 1; i < d; ++i) {
-      x[i] = static_cast<scalar_t>(sy * static_cast<double>(x[i]) + (static_cast<double>(mu[i]) * mu_scale) * c);
+      x[i] = static_cast<scalar_t>(t.sy * static_cast<double>(x[i]) + (static_cast<double>(mu[i]) * mu_scale) * t.c);
     }
   }
   *omw_out = static_cast<scalar_t>(m.omw);
@@ -142,8 +140,12 @@ void sample_rows(const scalar_t* pm, const scalar_t* pk, int64_t B, int64_t d, u
 }
 
 std::tuple<at::Tensor, at::Tensor> vmf_sample_cpu(const at::Tensor& loc_in, const at::Tensor& kappa_in,
-                                                  int64_t num_samples, int64_t seed, int64_t offset) {
-  check_vmf_sample_args(loc_in, kappa_in, num_samples, offset);
+                                                  c10::SymInt num_samples_in, std::optional<at::Generator> generator,
+                                                  std::optional<int64_t> seed_in, std::optional<int64_t> offset_in) {
+  const int64_t num_samples = num_samples_in.expect_int();
+  check_vmf_sample_args(loc_in, kappa_in, num_samples);
+  const SeedOffset so = cpu_seed_offset("vmf_sample", generator, seed_in, offset_in, 2);
+  const uint64_t seed = so.seed, offset = so.offset;
   const at::Tensor loc = loc_in.contiguous(), kappa = kappa_in.contiguous();
   const int64_t B = loc.size(0), d = loc.size(1);
   at::Tensor x = at::empty({num_samples, B, d}, loc.options());
@@ -157,8 +159,7 @@ std::tuple<at::Tensor, at::Tensor> vmf_sample_cpu(const at::Tensor& loc_in, cons
     scalar_t* px = x.mutable_data_ptr<scalar_t>();
     scalar_t* po = omw.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-      sample_rows<scalar_t>(pm, pk, B, d, static_cast<uint64_t>(seed), static_cast<uint64_t>(offset), begin, end,
-                            px, po);
+      sample_rows<scalar_t>(pm, pk, B, d, seed, offset, begin, end, px, po);
     });
   });
   return {x, omw};

@@ -10,9 +10,13 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <optional>
+#include <tuple>
+
 #include "vmfdist/kron.h"
 #include "host/kron_host.h"
 #include "cuda/launch.cuh"
+#include "cuda/random_state.cuh"
 
 namespace vmfdist {
 namespace {
@@ -38,8 +42,11 @@ __global__ void scale_mul_kernel(scalar_t* __restrict__ t, const scalar_t* __res
 // One thread per block of four normals of a row.
 template <PowMode M, typename scalar_t>
 __global__ void noise_kernel(scalar_t* __restrict__ z, const scalar_t* __restrict__ s, BatchOffsets offs,
-                             int64_t out, int64_t in, int64_t rows, uint64_t seed, uint64_t offset, double power) {
+                             int64_t out, int64_t in, int64_t rows, const int64_t* __restrict__ seed_offset,
+                             double power) {
   using opmath_t = at::opmath_type<scalar_t>;
+  const SeedOffset so = load_seed_offset(seed_offset);
+  const uint64_t seed = so.seed, offset = so.offset;
   const opmath_t p = static_cast<opmath_t>(power);
   const int64_t nblk = (in + 3) / 4;
   const int64_t n = rows * nblk;
@@ -73,8 +80,11 @@ struct CudaBackend {
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 
+  // [seed, offset] stays on the device (random_state.cuh): the kernels read it there.
+  using Seed = const int64_t*;
+
   static void noise(at::Tensor& z, const at::Tensor& s, const BatchOffsets& offs, int64_t out, int64_t in,
-                    uint64_t seed, uint64_t offset, double power) {
+                    const Seed& seed_offset, double power) {
     const c10::cuda::CUDAGuard guard(z.device());
     const int64_t rows = z.numel() / in;
     const int64_t n = rows * ((in + 3) / 4);
@@ -82,7 +92,7 @@ struct CudaBackend {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, z.scalar_type(), "kron_eigen_noise", [&] {
       kron::dispatch_pow_mode(kron::pow_mode(power), [&]<PowMode M>() {
         noise_kernel<M, scalar_t><<<blocks_for(n), kThreads, 0, launch::stream()>>>(
-            z.mutable_data_ptr<scalar_t>(), s.const_data_ptr<scalar_t>(), offs, out, in, rows, seed, offset, power);
+            z.mutable_data_ptr<scalar_t>(), s.const_data_ptr<scalar_t>(), offs, out, in, rows, seed_offset, power);
       });
     });
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -95,16 +105,25 @@ at::Tensor kron_eigen_matvec_cuda(const at::Tensor& q_out, const at::Tensor& q_i
   return kron::kron_eigen_matvec_impl<CudaBackend>(q_out, q_in, scale, v, power);
 }
 
-at::Tensor kron_eigen_noise_cuda(const at::Tensor& variance, c10::SymIntArrayRef size, int64_t seed, int64_t offset,
+at::Tensor kron_eigen_noise_cuda(const at::Tensor& variance, c10::SymIntArrayRef size, const at::Tensor& seed_offset,
                                  double power) {
   const c10::cuda::CUDAGuard guard(variance.device());
-  return kron::kron_eigen_noise_impl<CudaBackend>(variance, C10_AS_INTARRAYREF_SLOW(size), seed, offset, power);
+  const int64_t* so = seed_offset_ptr_cuda("kron_eigen_noise", seed_offset, variance.device());
+  return kron::kron_eigen_noise_impl<CudaBackend>(variance, C10_AS_INTARRAYREF_SLOW(size), so, power);
 }
 
-at::Tensor kron_eigen_sample_cuda(const at::Tensor& loc, const at::Tensor& q_out, const at::Tensor& q_in,
-                                  const at::Tensor& variance, int64_t num_samples, int64_t seed, int64_t offset) {
+std::tuple<at::Tensor, at::Tensor> kron_eigen_sample_cuda(const at::Tensor& loc, const at::Tensor& q_out,
+                                                          const at::Tensor& q_in, const at::Tensor& variance,
+                                                          c10::SymInt num_samples,
+                                                          std::optional<at::Generator> generator,
+                                                          std::optional<int64_t> seed,
+                                                          std::optional<int64_t> offset) {
+  const int64_t n = num_samples.expect_int();
+  TORCH_CHECK(n >= 0, "kron_eigen_sample: num_samples must be non-negative, got ", n);
   const c10::cuda::CUDAGuard guard(loc.device());
-  return kron::kron_eigen_sample_impl<CudaBackend>(loc, q_out, q_in, variance, num_samples, seed, offset);
+  at::Tensor so = cuda_seed_offset("kron_eigen_sample", generator, seed, offset, 1, loc.device());
+  return {kron::kron_eigen_sample_impl<CudaBackend>(loc, q_out, q_in, variance, n, so.const_data_ptr<int64_t>()),
+          so};
 }
 
 }  // namespace

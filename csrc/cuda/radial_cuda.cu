@@ -9,12 +9,14 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <optional>
 #include <tuple>
 #include <vector>
 
 #include "vmfdist/radial.h"
 #include "host/radial_checks.h"
 #include "cuda/launch.cuh"
+#include "cuda/random_state.cuh"
 
 namespace vmfdist {
 namespace {
@@ -25,7 +27,9 @@ using launch::kThreads;
 
 template <class scalar_t>
 __global__ void radial_pass1(scalar_t* __restrict__ out, double* __restrict__ partial, int64_t units,
-                             int64_t nchunk, int64_t length, uint64_t seed, uint64_t offset) {
+                             int64_t nchunk, int64_t length, const int64_t* __restrict__ seed_offset) {
+  const SeedOffset so = load_seed_offset(seed_offset);
+  const uint64_t seed = so.seed, offset = so.offset;
   __shared__ double red[kThreads];
   for (int64_t u : launch::block_stride(units)) {
     const int64_t t = u / nchunk, c = u % nchunk;
@@ -58,7 +62,9 @@ __global__ void radial_pass1(scalar_t* __restrict__ out, double* __restrict__ pa
 }
 
 __global__ void radial_coef(const double* __restrict__ partial, double* __restrict__ coef, int64_t streams,
-                            int64_t nchunk, uint64_t seed, uint64_t offset) {
+                            int64_t nchunk, const int64_t* __restrict__ seed_offset) {
+  const SeedOffset so = load_seed_offset(seed_offset);
+  const uint64_t seed = so.seed, offset = so.offset;
   for (int64_t t : launch::grid_stride(streams)) {
     double ss = 0.0;
     for (int64_t c = 0; c < nchunk; ++c) ss += partial[t * nchunk + c];
@@ -81,7 +87,9 @@ __global__ void radial_pass2(scalar_t* __restrict__ out, const scalar_t* __restr
 template <class scalar_t>
 __global__ void radial_scale_grad_kernel(const scalar_t* __restrict__ grad, const double* __restrict__ coef,
                                          scalar_t* __restrict__ out, int64_t S, int64_t groups, int64_t length,
-                                         uint64_t seed, uint64_t offset) {
+                                         const int64_t* __restrict__ seed_offset) {
+  const SeedOffset so = load_seed_offset(seed_offset);
+  const uint64_t seed = so.seed, offset = so.offset;
   const int64_t event = groups * length;
   for (int64_t j : launch::grid_stride(event)) {
     const int64_t g = j / length, k = j % length;
@@ -97,40 +105,47 @@ __global__ void radial_scale_grad_kernel(const scalar_t* __restrict__ grad, cons
   }
 }
 
-std::tuple<at::Tensor, at::Tensor> radial_noise_cuda(const at::Tensor& loc_in, const at::Tensor& scale_in,
-                                                     int64_t num_samples, int64_t seed, int64_t offset,
-                                                     bool rowwise) {
-  const RadialLayout lay = check_radial_args(loc_in, scale_in, num_samples, offset, rowwise);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> radial_noise_cuda(const at::Tensor& loc_in,
+                                                                 const at::Tensor& scale_in,
+                                                                 c10::SymInt num_samples_in, bool rowwise,
+                                                                 std::optional<at::Generator> generator,
+                                                                 std::optional<int64_t> seed,
+                                                                 std::optional<int64_t> offset) {
+  const int64_t num_samples = num_samples_in.expect_int();
+  const RadialLayout lay = check_radial_args(loc_in, scale_in, num_samples, rowwise);
   const c10::cuda::CUDAGuard guard(loc_in.device());
+  at::Tensor so = cuda_seed_offset("radial_noise", generator, seed, offset, 2, loc_in.device());
   const at::Tensor loc = loc_in.contiguous(), scale = scale_in.contiguous();
   auto [out, coef] = allocate_radial_outputs(loc, num_samples, lay, rowwise);
   const int64_t streams = num_samples * lay.groups;
-  if (streams == 0 || lay.length == 0) return {out, coef};
+  if (streams == 0 || lay.length == 0) return {out, coef, so};
   const int64_t nchunk = (lay.length + kRadialChunk - 1) / kRadialChunk;
   const int64_t units = streams * nchunk;
   at::Tensor partial = at::empty({units}, loc.options().dtype(at::kDouble));
-  const uint64_t sd = static_cast<uint64_t>(seed), of = static_cast<uint64_t>(offset);
+  const int64_t* pso = so.const_data_ptr<int64_t>();
   const auto stream = launch::stream();
   const int64_t event = lay.groups * lay.length;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, loc.scalar_type(), "radial_noise", [&] {
     radial_pass1<scalar_t><<<blocks_for(units, 1), kThreads, 0, stream>>>(
-        out.mutable_data_ptr<scalar_t>(), partial.mutable_data_ptr<double>(), units, nchunk, lay.length, sd, of);
+        out.mutable_data_ptr<scalar_t>(), partial.mutable_data_ptr<double>(), units, nchunk, lay.length, pso);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     radial_coef<<<blocks_for(streams), kThreads, 0, stream>>>(
-        partial.const_data_ptr<double>(), coef.mutable_data_ptr<double>(), streams, nchunk, sd, of);
+        partial.const_data_ptr<double>(), coef.mutable_data_ptr<double>(), streams, nchunk, pso);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     radial_pass2<scalar_t><<<blocks_for(streams * lay.length), kThreads, 0, stream>>>(
         out.mutable_data_ptr<scalar_t>(), loc.const_data_ptr<scalar_t>(), scale.const_data_ptr<scalar_t>(),
         coef.const_data_ptr<double>(), streams * lay.length, lay.length, event);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
-  return {out, coef};
+  return {out, coef, so};
 }
 
-at::Tensor radial_noise_scale_grad_cuda(const at::Tensor& grad_in, const at::Tensor& coef_in, int64_t seed,
-                                        int64_t offset, bool rowwise) {
-  const RadialLayout lay = check_radial_grad_args(grad_in, coef_in, offset, rowwise);
+at::Tensor radial_noise_scale_grad_cuda(const at::Tensor& grad_in, const at::Tensor& coef_in,
+                                        const at::Tensor& seed_offset, bool rowwise) {
+  constexpr const char* op = "radial_noise_scale_grad";
+  const RadialLayout lay = check_radial_grad_args(grad_in, coef_in, rowwise);
   const c10::cuda::CUDAGuard guard(grad_in.device());
+  const int64_t* pso = seed_offset_ptr_cuda(op, seed_offset, grad_in.device());
   const at::Tensor grad = grad_in.contiguous();
   const at::Tensor coef = coef_in.to(at::kDouble).contiguous();
   at::Tensor out = at::empty(grad.sizes().slice(1), grad.options());
@@ -139,7 +154,7 @@ at::Tensor radial_noise_scale_grad_cuda(const at::Tensor& grad_in, const at::Ten
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "radial_noise_scale_grad", [&] {
     radial_scale_grad_kernel<scalar_t><<<blocks_for(event), kThreads, 0, launch::stream()>>>(
         grad.const_data_ptr<scalar_t>(), coef.const_data_ptr<double>(), out.mutable_data_ptr<scalar_t>(),
-        grad.size(0), lay.groups, lay.length, static_cast<uint64_t>(seed), static_cast<uint64_t>(offset));
+        grad.size(0), lay.groups, lay.length, pso);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;

@@ -10,9 +10,12 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <optional>
+
 #include "host/random_checks.h"
 #include "vmfdist/random_ops.h"
 #include "cuda/launch.cuh"
+#include "cuda/random_state.cuh"
 
 namespace vmfdist {
 namespace {
@@ -27,8 +30,12 @@ __global__ void philox4x32_kernel(const int64_t* __restrict__ ctr, const int64_t
   }
 }
 
-template <class scalar_t, class Fn>
-__global__ void fill_kernel(scalar_t* __restrict__ out, int64_t n, Fn fn) {
+// The functor is built in the kernel from the [seed, offset] pair on the device
+// (random_state.cuh), so the launch needs no host value of the seed.
+template <class scalar_t, template <typename> class Fn>
+__global__ void fill_kernel(scalar_t* __restrict__ out, int64_t n, const int64_t* __restrict__ seed_offset) {
+  const SeedOffset so = load_seed_offset(seed_offset);
+  const Fn<scalar_t> fn{so.seed, so.offset};
   for (int64_t i : launch::grid_stride(n)) {
     out[i] = fn(static_cast<uint64_t>(i));
   }
@@ -49,31 +56,34 @@ at::Tensor philox4x32_cuda(const at::Tensor& counter_in, const at::Tensor& key_i
 }
 
 template <template <typename> class Fn>
-at::Tensor philox_fill_cuda(const char* op, c10::SymIntArrayRef size_in, int64_t seed, int64_t offset,
-                            at::ScalarType dtype, at::Device device) {
+at::Tensor philox_fill_cuda(const char* op, c10::SymIntArrayRef size_in, at::ScalarType dtype, at::Device device,
+                            const std::optional<at::Generator>& generator, std::optional<int64_t> seed,
+                            std::optional<int64_t> offset) {
   const at::IntArrayRef size = C10_AS_INTARRAYREF_SLOW(size_in);
-  check_philox_factory(op, size, offset, dtype);
+  check_philox_factory(op, size, dtype);
   const c10::cuda::CUDAGuard guard(device);
+  const at::Tensor so = cuda_seed_offset(op, generator, seed, offset, 1, device);
   at::Tensor out = at::empty(size, at::TensorOptions().dtype(dtype).device(device));
   const int64_t n = out.numel();
   if (n == 0) return out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "vmfdist_philox_fill", [&] {
-    const Fn<scalar_t> fn{static_cast<uint64_t>(seed), static_cast<uint64_t>(offset)};
-    fill_kernel<scalar_t><<<blocks_for(n), kThreads, 0, launch::stream()>>>(
-        out.mutable_data_ptr<scalar_t>(), n, fn);
+    fill_kernel<scalar_t, Fn><<<blocks_for(n), kThreads, 0, launch::stream()>>>(
+        out.mutable_data_ptr<scalar_t>(), n, so.const_data_ptr<int64_t>());
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
 
-at::Tensor philox_uniform_cuda(c10::SymIntArrayRef size, int64_t seed, int64_t offset, at::ScalarType dtype,
-                               at::Device device) {
-  return philox_fill_cuda<PhiloxUniformFn>("philox_uniform", size, seed, offset, dtype, device);
+at::Tensor philox_uniform_cuda(c10::SymIntArrayRef size, at::ScalarType dtype, at::Device device,
+                               std::optional<at::Generator> generator, std::optional<int64_t> seed,
+                               std::optional<int64_t> offset) {
+  return philox_fill_cuda<PhiloxUniformFn>("philox_uniform", size, dtype, device, generator, seed, offset);
 }
 
-at::Tensor philox_normal_cuda(c10::SymIntArrayRef size, int64_t seed, int64_t offset, at::ScalarType dtype,
-                              at::Device device) {
-  return philox_fill_cuda<PhiloxNormalFn>("philox_normal", size, seed, offset, dtype, device);
+at::Tensor philox_normal_cuda(c10::SymIntArrayRef size, at::ScalarType dtype, at::Device device,
+                              std::optional<at::Generator> generator, std::optional<int64_t> seed,
+                              std::optional<int64_t> offset) {
+  return philox_fill_cuda<PhiloxNormalFn>("philox_normal", size, dtype, device, generator, seed, offset);
 }
 
 }  // namespace

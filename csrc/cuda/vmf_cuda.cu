@@ -13,6 +13,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <optional>
 #include <tuple>
 
 #include <type_traits>
@@ -21,6 +22,7 @@
 #include "vmfdist/vmf.h"
 #include "host/vmf_checks.h"
 #include "cuda/launch.cuh"
+#include "cuda/random_state.cuh"
 
 namespace vmfdist {
 namespace {
@@ -37,7 +39,9 @@ __device__ inline double warp_sum(double v) {
 template <class scalar_t>
 __global__ void vmf_sample_kernel(const scalar_t* __restrict__ loc, const scalar_t* __restrict__ kappa,
                                   scalar_t* __restrict__ x, scalar_t* __restrict__ omw_out, int64_t rows,
-                                  int64_t B, int64_t d, uint64_t seed, uint64_t offset) {
+                                  int64_t B, int64_t d, const int64_t* __restrict__ seed_offset) {
+  const SeedOffset so = load_seed_offset(seed_offset);
+  const uint64_t seed = so.seed, offset = so.offset;
   const int lane = threadIdx.x & (kWarp - 1);
   const int64_t nt = d - 1;
   const int64_t nblk = (nt + 3) / 4;
@@ -104,12 +108,10 @@ __global__ void vmf_sample_kernel(const scalar_t* __restrict__ loc, const scalar
     w = __shfl_sync(0xffffffffu, w, 0);
     omw = __shfl_sync(0xffffffffu, omw, 0);
     opw = __shfl_sync(0xffffffffu, opw, 0);
-    const double inv_mu = 1.0 / ::sqrt(mm);
-    const double scale = ::sqrt(omw * opw) / ::sqrt(ee);
-    const vmf::Reflection r = vmf::reflection(static_cast<double>(mu[0]) * mu_scale * inv_mu);
-    const double sigma = w * r.den - r.sgn * scale * me * inv_mu;
-    const double c = sigma / r.den * inv_mu;
-    const double sy = r.sgn * scale;
+    // mm and me are sums over mu_i mu_scale: the reflection sees mu_0 mu_scale too
+    const vmf::RowRotation t =
+        vmf::row_rotation(w, omw, opw, ee, me, mm, static_cast<double>(mu[0]) * mu_scale);
+    const double c = t.c, sy = t.sy;
     for (int64_t j = lane; j < nblk; j += kWarp) {
       for (int k = 0; k < 4; ++k) {
         const int64_t idx = 4 * j + k;
@@ -120,16 +122,19 @@ __global__ void vmf_sample_kernel(const scalar_t* __restrict__ loc, const scalar
       }
     }
     if (lane == 0) {
-      xr[0] = static_cast<scalar_t>(r.sgn * (w - sigma));
+      xr[0] = static_cast<scalar_t>(t.x0);
       omw_out[row] = static_cast<scalar_t>(omw);
     }
   }
 }
 
 std::tuple<at::Tensor, at::Tensor> vmf_sample_cuda(const at::Tensor& loc_in, const at::Tensor& kappa_in,
-                                                   int64_t num_samples, int64_t seed, int64_t offset) {
-  check_vmf_sample_args(loc_in, kappa_in, num_samples, offset);
+                                                   c10::SymInt num_samples_in, std::optional<at::Generator> generator,
+                                                   std::optional<int64_t> seed, std::optional<int64_t> offset) {
+  const int64_t num_samples = num_samples_in.expect_int();
+  check_vmf_sample_args(loc_in, kappa_in, num_samples);
   const c10::cuda::CUDAGuard guard(loc_in.device());
+  const at::Tensor so = cuda_seed_offset("vmf_sample", generator, seed, offset, 2, loc_in.device());
   const at::Tensor loc = loc_in.contiguous(), kappa = kappa_in.contiguous();
   const int64_t B = loc.size(0), d = loc.size(1);
   at::Tensor x = at::empty({num_samples, B, d}, loc.options());
@@ -140,7 +145,7 @@ std::tuple<at::Tensor, at::Tensor> vmf_sample_cuda(const at::Tensor& loc_in, con
     vmf_sample_kernel<scalar_t><<<blocks_for(rows, kThreads / kWarp), kThreads, 0,
                                   launch::stream()>>>(
         loc.const_data_ptr<scalar_t>(), kappa.const_data_ptr<scalar_t>(), x.mutable_data_ptr<scalar_t>(),
-        omw.mutable_data_ptr<scalar_t>(), rows, B, d, static_cast<uint64_t>(seed), static_cast<uint64_t>(offset));
+        omw.mutable_data_ptr<scalar_t>(), rows, B, d, so.const_data_ptr<int64_t>());
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {x, omw};

@@ -9,9 +9,11 @@
 //     // batch entry b starts at offs(b), rows grouped as (batch, out):
 //     static void scale_mul(at::Tensor& t, const at::Tensor& s, const kron::BatchOffsets& offs,
 //                           int64_t out, int64_t in, double power);
+//     // how the kernels receive [seed, offset] (CPU: the values; CUDA: a device pointer):
+//     using Seed = ...;
 //     // z (rows * in, contiguous) = E * s^p, E the Philox noise of kron.h:
 //     static void noise(at::Tensor& z, const at::Tensor& s, const kron::BatchOffsets& offs,
-//                       int64_t out, int64_t in, uint64_t seed, uint64_t offset, double power);
+//                       int64_t out, int64_t in, const Seed& seed_offset, double power);
 //   };
 //
 // Memory: kron_eigen_matvec allocates the output and one buffer of the same
@@ -149,8 +151,7 @@ inline void check_bcast_matrix(const char* op, const char* name, const at::Tenso
               "), got shape ", t.sizes());
 }
 
-inline void check_noise_range(const char* op, int64_t rows, int64_t in, int64_t offset) {
-  TORCH_CHECK(offset >= 0 && offset < philox::kMaxOffset, op, ": offset must be in [0, 2^48), got ", offset);
+inline void check_noise_range(const char* op, int64_t rows, int64_t in) {
   TORCH_CHECK(rows < philox::kMaxIndex, op, ": the noise must have fewer than 2^48 rows, got ", rows);
   TORCH_CHECK(in <= (int64_t(1) << 33), op, ": the last dimension must be at most 2^33, got ", in);
 }
@@ -207,9 +208,11 @@ at::Tensor kron_eigen_matvec_impl(const at::Tensor& q_out_in, const at::Tensor& 
   return res.view(shape);
 }
 
+// `seed_offset` is the backend's view of the pair (Backend::Seed: the values on the CPU,
+// a pointer to the device tensor on CUDA), checked by the caller.
 template <class Backend>
-at::Tensor kron_eigen_noise_impl(const at::Tensor& variance, at::IntArrayRef size, int64_t seed, int64_t offset,
-                                 double power) {
+at::Tensor kron_eigen_noise_impl(const at::Tensor& variance, at::IntArrayRef size,
+                                 const typename Backend::Seed& seed_offset, double power) {
   constexpr const char* op = "kron_eigen_noise";
   TORCH_CHECK(size.size() >= 2, op, ": size must have at least 2 dimensions (..., out, in), got ", size);
   for (const int64_t x : size) TORCH_CHECK(x >= 0, op, ": size must be non-negative, got ", size);
@@ -226,17 +229,19 @@ at::Tensor kron_eigen_noise_impl(const at::Tensor& variance, at::IntArrayRef siz
   TORCH_CHECK(ok, op, ": variance of shape ", variance.sizes(), " does not broadcast to size ", size);
   const at::IntArrayRef prefix = size.slice(0, size.size() - 2);
   const int64_t rows = prod(prefix) * out;
-  check_noise_range(op, rows, in, offset);
+  check_noise_range(op, rows, in);
   at::Tensor z = at::empty(size, variance.options());
   if (z.numel() == 0) return z;
   const auto [s, offs] = prepare_scale(variance, variance.scalar_type(), prefix, out, in);
-  Backend::noise(z, s, offs, out, in, static_cast<uint64_t>(seed), static_cast<uint64_t>(offset), power);
+  Backend::noise(z, s, offs, out, in, seed_offset, power);
   return z;
 }
 
+// Returns the samples; the noise comes from `seed_offset` (see kron_eigen_noise_impl).
 template <class Backend>
 at::Tensor kron_eigen_sample_impl(const at::Tensor& loc_in, const at::Tensor& q_out_in, const at::Tensor& q_in_in,
-                                  const at::Tensor& variance_in, int64_t num_samples, int64_t seed, int64_t offset) {
+                                  const at::Tensor& variance_in, int64_t num_samples,
+                                  const typename Backend::Seed& seed_offset) {
   constexpr const char* op = "kron_eigen_sample";
   TORCH_CHECK(loc_in.dim() >= 2, op, ": loc must have shape (..., out, in), got ", loc_in.sizes());
   const int64_t out = loc_in.size(-2), in = loc_in.size(-1);
@@ -257,10 +262,10 @@ at::Tensor kron_eigen_sample_impl(const at::Tensor& loc_in, const at::Tensor& q_
   const auto opts = loc_in.options().dtype(dt);
   const int64_t m = num_samples * n;  // matrices in the output
   TORCH_CHECK(n == 0 || num_samples <= philox::kMaxIndex / n, op, ": num_samples * batch is too large");
-  check_noise_range(op, m * out, in, offset);
+  check_noise_range(op, m * out, in);
   if (m * out * in == 0) return at::empty(shape, opts);
 
-  at::Tensor res = kron_eigen_noise_impl<Backend>(variance_in.to(dt), shape, seed, offset, 0.5);  // E * var^(1/2)
+  at::Tensor res = kron_eigen_noise_impl<Backend>(variance_in.to(dt), shape, seed_offset, 0.5);  // E * var^(1/2)
   at::Tensor res3 = res.view({m, out, in});
   at::Tensor buf = at::empty({m, out, in}, opts);
   const at::Tensor qo = q_out_in.to(dt), qi = q_in_in.to(dt);

@@ -25,8 +25,9 @@ inline RadialLayout radial_layout(at::IntArrayRef shape, bool rowwise, const cha
   return {len == 0 ? 0 : numel / len, len};
 }
 
+// (The seed and offset are checked by check_random_args, random_state.h.)
 inline RadialLayout check_radial_args(const at::Tensor& loc, const at::Tensor& scale, int64_t num_samples,
-                                      int64_t offset, bool rowwise) {
+                                      bool rowwise) {
   constexpr const char* op = "radial_noise";
   TORCH_CHECK(at::isFloatingType(loc.scalar_type()), op, ": loc must be a floating tensor, got ", loc.scalar_type());
   TORCH_CHECK(loc.scalar_type() == scale.scalar_type(), op, ": loc and scale must have the same dtype, got ",
@@ -35,7 +36,6 @@ inline RadialLayout check_radial_args(const at::Tensor& loc, const at::Tensor& s
               " and ", scale.sizes());
   TORCH_CHECK(loc.device() == scale.device(), op, ": loc and scale must be on the same device");
   TORCH_CHECK(num_samples >= 0, op, ": num_samples must be non-negative, got ", num_samples);
-  TORCH_CHECK(offset >= 0 && offset + 1 < philox::kMaxOffset, op, ": offset must be in [0, 2^48 - 1), got ", offset);
   const RadialLayout lay = radial_layout(loc.sizes(), rowwise, op);
   TORCH_CHECK(lay.length < (int64_t(1) << 34), op, ": a group (the event, or a row) must have fewer than 2^34 elements");
   TORCH_CHECK(lay.groups == 0 || num_samples <= (philox::kMaxIndex - 1) / lay.groups, op,
@@ -43,12 +43,10 @@ inline RadialLayout check_radial_args(const at::Tensor& loc, const at::Tensor& s
   return lay;
 }
 
-inline RadialLayout check_radial_grad_args(const at::Tensor& grad, const at::Tensor& coef, int64_t offset,
-                                           bool rowwise) {
+inline RadialLayout check_radial_grad_args(const at::Tensor& grad, const at::Tensor& coef, bool rowwise) {
   constexpr const char* op = "radial_noise_scale_grad";
   TORCH_CHECK(grad.dim() >= 1, op, ": grad must have a leading sample dimension");
   TORCH_CHECK(at::isFloatingType(grad.scalar_type()), op, ": grad must be a floating tensor");
-  TORCH_CHECK(offset >= 0 && offset + 1 < philox::kMaxOffset, op, ": offset must be in [0, 2^48 - 1), got ", offset);
   const RadialLayout lay = radial_layout(grad.sizes().slice(1), rowwise, op);
   if (rowwise) {
     TORCH_CHECK(coef.dim() == 2 && coef.size(0) == grad.size(0) && coef.size(1) == lay.groups, op,

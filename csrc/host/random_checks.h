@@ -41,10 +41,10 @@ inline std::pair<at::Tensor, at::Tensor> check_philox4x32_args(const at::Tensor&
   return {counter.contiguous(), key.contiguous()};
 }
 
-// philox_uniform / philox_normal: a floating dtype the kernels support, a
-// non-negative size with fewer than 2^48 elements, 0 <= offset < 2^48 (see the
-// counter layout in philox.h).  Any int64 seed is valid (read as uint64).
-inline void check_philox_factory(const char* op, at::IntArrayRef size, int64_t offset, at::ScalarType dtype) {
+// philox_uniform / philox_normal: a floating dtype the kernels support and a
+// non-negative size with fewer than 2^48 elements (see the counter layout in
+// philox.h).  The seed and offset are checked by check_random_args (random_state.h).
+inline void check_philox_factory(const char* op, at::IntArrayRef size, at::ScalarType dtype) {
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf || dtype == at::kBFloat16, op,
               ": dtype must be float16, bfloat16, float32 or float64, got ", dtype);
   for (const int64_t s : size) {
@@ -54,7 +54,6 @@ inline void check_philox_factory(const char* op, at::IntArrayRef size, int64_t o
   const bool overflow = c10::safe_multiplies_u64(size, &numel);
   TORCH_CHECK(!overflow && numel < static_cast<uint64_t>(philox::kMaxIndex), op,
               ": size must have fewer than 2^48 elements, got ", size);
-  TORCH_CHECK(offset >= 0 && offset < philox::kMaxOffset, op, ": offset must be in [0, 2^48), got ", offset);
 }
 
 }  // namespace vmfdist

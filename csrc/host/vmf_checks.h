@@ -10,9 +10,9 @@
 
 namespace vmfdist {
 
-// vmf_sample(loc (B, d), concentration (B,), num_samples, seed, offset).
-inline void check_vmf_sample_args(const at::Tensor& loc, const at::Tensor& kappa, int64_t num_samples,
-                                  int64_t offset) {
+// vmf_sample(loc (B, d), concentration (B,), num_samples, ...).
+// The seed and offset are checked by check_random_args (random_state.h).
+inline void check_vmf_sample_args(const at::Tensor& loc, const at::Tensor& kappa, int64_t num_samples) {
   constexpr const char* op = "vmf_sample";
   TORCH_CHECK(loc.dim() == 2, op, ": loc must have shape (batch, d), got ", loc.sizes());
   TORCH_CHECK(loc.size(1) >= 2, op, ": the dimension d = loc.size(-1) must be at least 2, got ", loc.size(1));
@@ -24,7 +24,6 @@ inline void check_vmf_sample_args(const at::Tensor& loc, const at::Tensor& kappa
               loc.scalar_type(), " and ", kappa.scalar_type());
   check_same_device(op, {{"loc", loc}, {"concentration", kappa}});
   TORCH_CHECK(num_samples >= 0, op, ": num_samples must be non-negative, got ", num_samples);
-  TORCH_CHECK(offset >= 0 && offset + 1 < philox::kMaxOffset, op, ": offset must be in [0, 2^48 - 1), got ", offset);
   TORCH_CHECK(loc.size(0) == 0 || num_samples <= (philox::kMaxIndex - 1) / loc.size(0), op,
               ": num_samples * batch must be below 2^48");
   TORCH_CHECK(loc.size(1) <= (int64_t(1) << 33), op, ": d must be below 2^33, got ", loc.size(1));

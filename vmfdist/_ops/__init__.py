@@ -7,7 +7,8 @@ and registers, per family, the fake (meta) kernels that ``torch.compile`` and me
 need and the autograd formulas:
 
 * :mod:`.special` -- Bessel ratios, log-Bessel functions, bounds, approximations
-* :mod:`.random`  -- Philox uniforms and normals; :func:`.random.draw_seed_offset`
+* :mod:`.random`  -- Philox uniforms and normals; :func:`.random.call_sampler`, the one path
+  from every sampler to its op (seed drawn inside the op, as torch's random ops do)
 * :mod:`.vmf`     -- the von Mises--Fisher sampler (implicit reparameterisation)
 * :mod:`.radial`  -- the fused radial noise
 * :mod:`.kron`    -- the Kronecker-eigenbasis products and noise

@@ -49,3 +49,13 @@ def _sum_to(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         if dims:
             grad = grad.sum(dim=dims, keepdim=True)
     return grad.to(like.dtype) if like.is_floating_point() else grad
+
+
+def _once_differentiable(op: str, wrt: str) -> None:
+    """Raise a clear error when a backward formula that is not itself differentiable runs with
+    grad mode on (``create_graph=True``, i.e. a double backward is being built), instead of
+    silently returning a first derivative whose own derivative is 0 or missing."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(f"{op} is differentiable only once with respect to {wrt}: its second derivative is not "
+                           f"implemented, so backward with create_graph=True (double backward, Hessians, gradient "
+                           f"penalties) through it is refused rather than silently wrong")

@@ -52,7 +52,7 @@ def _(q_out, q_in, scale, v, power=1.0):
 
 
 @torch.library.register_fake("vmfdist::kron_eigen_noise")
-def _(variance, size, seed, offset, power=0.5):
+def _(variance, size, seed_offset, power=0.5):
     torch._check(len(size) >= 2, lambda: f"kron_eigen_noise: size must have at least 2 dimensions, got {size}")
     torch._check(variance.dtype.is_floating_point,
                  lambda: f"kron_eigen_noise: variance must be a floating tensor, got dtype {variance.dtype}")
@@ -60,7 +60,7 @@ def _(variance, size, seed, offset, power=0.5):
 
 
 @torch.library.register_fake("vmfdist::kron_eigen_sample")
-def _(loc, q_out, q_in, variance, num_samples, seed, offset):
+def _(loc, q_out, q_in, variance, num_samples, *, generator=None, seed=None, offset=None):
     op = "kron_eigen_sample"
     _check_same_device(op, loc=loc, q_out=q_out, q_in=q_in, variance=variance)
     torch._check(loc.dim() >= 2, lambda: f"{op}: loc must have shape (..., out, in), got {tuple(loc.shape)}")
@@ -71,7 +71,7 @@ def _(loc, q_out, q_in, variance, num_samples, seed, offset):
     torch._check(num_samples >= 0, lambda: f"{op}: num_samples must be non-negative, got {num_samples}")
     dt = _kron_promote(op, loc=loc, q_out=q_out, q_in=q_in, variance=variance)
     batch = _kron_batch(op, loc=loc, q_out=q_out, q_in=q_in, variance=variance)
-    return loc.new_empty((num_samples,) + tuple(batch) + (o, i), dtype=dt)
+    return loc.new_empty((num_samples,) + tuple(batch) + (o, i), dtype=dt), loc.new_empty((2,), dtype=torch.int64)
 
 
 def _kron_matvec_setup(ctx, inputs, output):
@@ -119,36 +119,35 @@ torch.library.register_autograd("vmfdist::kron_eigen_matvec", _kron_matvec_backw
 
 
 def _kron_noise_setup(ctx, inputs, output):
-    variance, size, seed, offset = inputs[:4]
-    ctx.power = float(inputs[4]) if len(inputs) > 4 else 0.5
-    ctx.size, ctx.seed, ctx.offset = list(size), seed, offset
-    ctx.save_for_backward(variance)
+    variance, size, seed_offset = inputs[:3]
+    ctx.power = float(inputs[3]) if len(inputs) > 3 else 0.5
+    ctx.size = list(size)
+    ctx.save_for_backward(variance, seed_offset)
 
 
 def _kron_noise_backward(ctx, grad):
     """d(E * var^p)/dvar = p E var^(p-1): the same noise, regenerated with power p - 1."""
-    (variance,) = ctx.saved_tensors
+    variance, seed_offset = ctx.saved_tensors
     p = ctx.power
     if p == 0.0:
-        return torch.zeros_like(variance), None, None, None, None
-    e = lib.kron_eigen_noise(variance.to(grad.dtype), ctx.size, ctx.seed, ctx.offset, p - 1.0)
-    return _sum_to(p * grad * e, variance), None, None, None, None
+        return torch.zeros_like(variance), None, None, None
+    e = lib.kron_eigen_noise(variance.to(grad.dtype), ctx.size, seed_offset, p - 1.0)
+    return _sum_to(p * grad * e, variance), None, None, None
 
 
 torch.library.register_autograd("vmfdist::kron_eigen_noise", _kron_noise_backward, setup_context=_kron_noise_setup)
 
 
-def _kron_sample_setup(ctx, inputs, output):
-    loc, q_out, q_in, variance, num_samples, seed, offset = inputs
-    ctx.seed, ctx.offset = seed, offset
-    ctx.save_for_backward(loc, q_out, q_in, variance)
+def _kron_sample_setup(ctx, inputs, keyword_only_inputs, output):
+    loc, q_out, q_in, variance = inputs[:4]
+    ctx.save_for_backward(loc, q_out, q_in, variance, output[1])
 
 
-def _kron_sample_backward(ctx, grad):
-    r"""W = loc + Q_o Z Q_i^T with Z = E * var^(1/2) regenerated from (seed, offset):
+def _kron_sample_backward(ctx, grad, grad_seed_offset):
+    r"""W = loc + Q_o Z Q_i^T with Z = E * var^(1/2) regenerated from (seed_offset):
     dloc = G, dvar = (Q_o^T G Q_i) * E var^(-1/2) / 2, dQ_o = G Q_i Z^T, dQ_i = G^T Q_o Z
     (summed over the samples and any broadcast batch dimensions)."""
-    loc0, qo0, qi0, var0 = ctx.saved_tensors
+    loc0, qo0, qi0, var0, seed_offset = ctx.saved_tensors
     need_loc, need_qo, need_qi, need_var = ctx.needs_input_grad[:4]
     dt = grad.dtype
     qo, qi, var = qo0.to(dt), qi0.to(dt), var0.to(dt)
@@ -157,14 +156,14 @@ def _kron_sample_backward(ctx, grad):
     g_qo = g_qi = g_var = None
     if need_var:
         h = qo.mT @ grad @ qi
-        g_var = _sum_to(0.5 * h * lib.kron_eigen_noise(var, size, ctx.seed, ctx.offset, -0.5), var0)
+        g_var = _sum_to(0.5 * h * lib.kron_eigen_noise(var, size, seed_offset, -0.5), var0)
     if need_qo or need_qi:
-        z = lib.kron_eigen_noise(var, size, ctx.seed, ctx.offset, 0.5)
+        z = lib.kron_eigen_noise(var, size, seed_offset, 0.5)
         if need_qo:
             g_qo = _sum_to(grad @ qi @ z.mT, qo0)
         if need_qi:
             g_qi = _sum_to(grad.mT @ qo @ z, qi0)
-    return g_loc, g_qo, g_qi, g_var, None, None, None
+    return g_loc, g_qo, g_qi, g_var, None
 
 
 torch.library.register_autograd("vmfdist::kron_eigen_sample", _kron_sample_backward, setup_context=_kron_sample_setup)

@@ -1,13 +1,35 @@
-"""Fake kernels of the counter-based random ops (``csrc/include/vmfdist/philox.h``), and
-:func:`draw_seed_offset`, which every random op uses to take its seed from a ``torch.Generator``.
+"""Fake kernels of the counter-based random ops (``csrc/include/vmfdist/philox.h``), and the
+one path every sampler takes to its op: :func:`random_kwargs` (validate ``generator`` /
+``seed`` / ``offset``) and :func:`call_sampler` (call the op with ``num_samples`` and reshape
+its first output to ``sample_shape``).
+
+Randomness flows the way torch's own random ops do: each random op takes
+``generator=None, seed=None, offset=None`` (keyword-only) and, without an explicit seed,
+draws it *inside the op* from ``generator`` or the device's default generator
+(``csrc/host/random_state.h``).  The ops are tagged ``nondeterministic_seeded``, so
+``torch.compile`` keeps them in the graph (and never recomputes them in the backward),
+``torch.jit.trace`` records a call that draws afresh each time, and on CUDA the seed and
+offset are read on the device (CUDA-graph capture needs no host read-back).
 
 Integer or random outputs, so no autograd formulas here.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+import math
+from numbers import Integral
+from typing import Optional
 
 import torch
+
+from ._lib import lib
+
+__all__ = ["MAX_SEED", "MAX_OFFSET", "random_kwargs", "check_sample_shape", "call_sampler"]
+
+#: Exclusive upper bound of an explicit ``seed``.
+MAX_SEED = 2 ** 63
+#: Exclusive upper bound of ``offset`` (and of the number of Philox streams of one call).
+MAX_OFFSET = 2 ** 48
+
 
 @torch.library.register_fake("vmfdist::philox4x32")
 def _(counter, key, rounds=10):
@@ -22,7 +44,7 @@ def _(counter, key, rounds=10):
     return counter.new_empty((counter.shape[0], 4))
 
 
-def _philox_factory_fake(size, seed, offset, *, dtype, device):
+def _philox_factory_fake(size, *, dtype, device, generator=None, seed=None, offset=None):
     return torch.empty(size, dtype=dtype, device=device)
 
 
@@ -30,29 +52,60 @@ torch.library.register_fake("vmfdist::philox_uniform")(_philox_factory_fake)
 torch.library.register_fake("vmfdist::philox_normal")(_philox_factory_fake)
 
 
-#: Exclusive upper bound of ``offset`` (and of the number of elements of one call).
-MAX_OFFSET = 2 ** 48
+def _check_int(name: str, arg: str, value, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{name}: {arg} must be an int, got {type(value).__name__}")
+    if not low <= value < high:
+        raise ValueError(f"{name}: {arg} must be in [{low}, {high}), got {value}")
+    return int(value)
 
-_SEED_HIGH = 2 ** 63 - 1  # seeds are drawn uniformly from [0, 2**63 - 1)
+
+def random_kwargs(name: str, generator: Optional[torch.Generator] = None, seed: Optional[int] = None,
+                  offset: Optional[int] = None, streams: int = 1) -> dict:
+    """The keyword arguments of a vmfdist random op, validated with messages naming ``name``.
+
+    Without ``seed`` the op draws its seed from ``generator`` (default: the default generator
+    of the output's device); with ``seed`` (an int in ``[0, 2**63)``) it uses ``seed`` and
+    ``offset`` (default 0; an op that uses ``streams`` consecutive offsets needs
+    ``offset + streams <= 2**48``), and ``generator`` must be None."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"{name}: generator must be a torch.Generator or None, got {type(generator).__name__}")
+    if seed is None:
+        if offset is not None:
+            raise ValueError(f"{name}: offset needs an explicit seed (pass seed=... too)")
+        return {} if generator is None else {"generator": generator}
+    if generator is not None:
+        raise ValueError(f"{name}: pass either generator or seed, not both")
+    seed = _check_int(name, "seed", seed, 0, MAX_SEED)
+    offset = _check_int(name, "offset", 0 if offset is None else offset, 0, MAX_OFFSET - streams + 1)
+    return {"seed": seed, "offset": offset}
 
 
-def draw_seed_offset(generator: Optional[torch.Generator] = None,
-                     device: Optional[Union[torch.device, str]] = None) -> Tuple[int, int]:
-    """Draw ``(seed, offset)`` for a vmfdist random op from ``generator``.
+def check_sample_shape(name: str, sample_shape) -> torch.Size:
+    """``sample_shape`` as a ``torch.Size`` of non-negative sizes (ints or symbolic ints)."""
+    if isinstance(sample_shape, (Integral, torch.SymInt)) and not isinstance(sample_shape, bool):
+        sample_shape = (sample_shape,)
+    try:
+        shape = torch.Size(sample_shape)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: sample_shape must be a sequence of ints, got {sample_shape!r}") from None
+    for s in shape:
+        if isinstance(s, int) and not 0 <= s < MAX_SEED:
+            raise ValueError(f"{name}: sample_shape must hold sizes in [0, 2**63), got {tuple(shape)}")
+    return shape
 
-    ``seed`` is a uniform 63-bit integer drawn from ``generator`` (one draw, so
-    the generator advances and successive calls differ); if ``generator`` is
-    None, the default CPU generator is used whatever ``device`` is (see the
-    module docstring; ``device`` is accepted so callers can pass the output
-    device, and is only checked).  ``offset`` is 0: it is left to ops that want
-    several independent tensors from one seed, which use offsets 0, 1, 2, ...
-    (and, within an element, the stream's block counter; see ``philox.h``).
-    """
-    if device is not None:
-        torch.device(device)  # validates the argument
-    if generator is None:
-        generator = torch.default_generator
-    elif not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-    seed = torch.randint(0, _SEED_HIGH, (), generator=generator, device=generator.device, dtype=torch.int64)
-    return int(seed.item()), 0
+
+def call_sampler(name: str, op, *args, sample_shape=torch.Size(), generator=None, seed=None, offset=None,
+                 streams: int = 1, event_shape=None, **kwargs):
+    """The one path from a sampler to its op.
+
+    Calls ``op(*args, num_samples, **kwargs, <randomness>)`` with ``num_samples`` the number
+    of elements of ``sample_shape`` and the randomness of :func:`random_kwargs`, and returns
+    the op's outputs with the first, of shape ``(num_samples, *rest)``, reshaped to
+    ``sample_shape + event_shape`` (default ``rest``)."""
+    shape = check_sample_shape(name, sample_shape)
+    rng = random_kwargs(name, generator, seed, offset, streams)
+    outs = op(*args, math.prod(shape), **kwargs, **rng)
+    first, rest = (outs[0], tuple(outs[1:])) if isinstance(outs, (tuple, list)) else (outs, ())
+    tail = first.shape[1:] if event_shape is None else torch.Size(event_shape)
+    return (first.reshape(shape + tail),) + rest

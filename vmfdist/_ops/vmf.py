@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import torch
 
-from ._lib import _binary_result, _check_same_device, lib
+from ._lib import _binary_result, _check_same_device, _once_differentiable, lib
 
 
 @torch.library.register_fake("vmfdist::vmf_sample")
-def _(loc, concentration, num_samples, seed, offset):
+def _(loc, concentration, num_samples, *, generator=None, seed=None, offset=None):
     _check_same_device("vmf_sample", loc=loc, concentration=concentration)
     torch._check(loc.dim() == 2, lambda: f"vmf_sample: loc must have shape (batch, d), got {tuple(loc.shape)}")
+    torch._check(loc.shape[1] >= 2, lambda: f"vmf_sample: the dimension d = loc.size(-1) must be at least 2")
     torch._check(concentration.dim() == 1 and concentration.shape[0] == loc.shape[0],
                  lambda: "vmf_sample: concentration must have shape (batch,)")
+    torch._check(loc.dtype.is_floating_point and concentration.dtype == loc.dtype,
+                 lambda: "vmf_sample: loc and concentration must be floating tensors of the same dtype")
+    torch._check(num_samples >= 0, lambda: f"vmf_sample: num_samples must be non-negative, got {num_samples}")
     b, d = loc.shape
     return loc.new_empty((num_samples, b, d)), loc.new_empty((num_samples, b))
 
@@ -39,7 +43,7 @@ def householder(mu: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.cat([sgn * (y[..., :1] - sigma), sgn * y[..., 1:] + mu[..., 1:] * (sigma / den)], dim=-1)
 
 
-def _vmf_sample_setup(ctx, inputs, output):
+def _vmf_sample_setup(ctx, inputs, keyword_only_inputs, output):
     loc, concentration = inputs[0], inputs[1]
     x, omw = output
     ctx.save_for_backward(loc, concentration, x, omw)
@@ -48,7 +52,16 @@ def _vmf_sample_setup(ctx, inputs, output):
 def _vmf_sample_backward(ctx, grad_x, grad_omw):
     """Implicit reparameterisation: x = Q(mu/|mu|) (w, sqrt(1 - w^2) v) with the noise
     (the quantile of w and the direction v) held fixed.  dw/dkappa comes from the
-    vmf_marginal_grad kernel; the rotation is differentiated by autograd."""
+    vmf_marginal_grad kernel; the rotation is differentiated by autograd.
+
+    Higher derivatives: with respect to loc alone they are exact (x = Q(loc/|loc|) y with
+    the unrotated sample y held fixed, differentiated by autograd with create_graph); with
+    respect to the concentration the formula uses the vmf_marginal_grad kernel, which has
+    no derivative, so a double backward that needs them raises (_once_differentiable)
+    instead of returning 0."""
+    create = torch.is_grad_enabled()  # backward(create_graph=True)
+    if create and ctx.needs_input_grad[1]:
+        _once_differentiable("vmf_sample (VonMisesFisher.rsample)", "the concentration")
     loc, kappa, x, omw = ctx.saved_tensors
     d = loc.shape[-1]
     grad_loc = grad_kappa = None
@@ -69,10 +82,10 @@ def _vmf_sample_backward(ctx, grad_x, grad_omw):
         grad_kappa = (dl_dw * lib.vmf_marginal_grad(omw, kappa, d)).sum(0)
     if ctx.needs_input_grad[0]:
         with torch.enable_grad():
-            loc_ = loc.detach().requires_grad_(True)
+            loc_ = loc if create and loc.requires_grad else loc.detach().requires_grad_(True)
             xr = householder(loc_ / torch.linalg.vector_norm(loc_, dim=-1, keepdim=True), y)
-            (grad_loc,) = torch.autograd.grad(xr, loc_, grad_x)
-    return grad_loc, grad_kappa, None, None, None
+            (grad_loc,) = torch.autograd.grad(xr, loc_, grad_x, create_graph=create)
+    return grad_loc, grad_kappa, None
 
 
 torch.library.register_autograd("vmfdist::vmf_sample", _vmf_sample_backward, setup_context=_vmf_sample_setup)

@@ -90,11 +90,15 @@ def validate_params(dist, values: dict, constraints: dict) -> None:
 
 
 def check_shape(name: str, shape) -> torch.Size:
-    """A batch shape given by the user: a sequence of non-negative ints."""
+    """A batch shape given by the user: a sequence of non-negative ints (symbolic sizes under
+    torch.compile are kept; torch.jit.trace's 0-dim integer size tensors become ints)."""
     if isinstance(shape, Integral) and not isinstance(shape, bool):
         shape = (shape,)
+    if isinstance(shape, (Sequence, torch.Size)):
+        shape = tuple(int(s) if isinstance(s, torch.Tensor) and s.dim() == 0 and not s.is_floating_point()
+                      and s.dtype != torch.bool else s for s in shape)
     if not isinstance(shape, (Sequence, torch.Size)) or not all(
-            isinstance(s, Integral) and not isinstance(s, bool) for s in shape):
+            isinstance(s, (Integral, torch.SymInt)) and not isinstance(s, bool) for s in shape):
         raise TypeError(f"{name} must be a sequence of non-negative ints, got {shape!r}")
     if any(s < 0 for s in shape):
         raise ValueError(f"{name} must be a sequence of non-negative ints, got {tuple(int(s) for s in shape)}")

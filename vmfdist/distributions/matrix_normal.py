@@ -105,8 +105,11 @@ def _common(named: dict):
 
 def _cholesky(name: str, cov: torch.Tensor) -> torch.Tensor:
     tril, info = torch.linalg.cholesky_ex(cov)
-    if bool((info != 0).any()):
-        raise ValueError(f"{name} is not positive definite (its Cholesky factorisation failed)")
+    msg = f"{name} is not positive definite (its Cholesky factorisation failed)"
+    if torch.compiler.is_compiling():  # a data-dependent branch cannot be traced: check inside the graph
+        torch._assert_async((info == 0).all(), msg)
+    elif bool((info != 0).any()):
+        raise ValueError(msg)
     return tril
 
 
@@ -251,10 +254,12 @@ class MatrixNormal(_KroneckerGaussian):
         if loc.dim() < 2:
             raise ValueError(f"loc must have shape (..., out, in), got shape {tuple(loc.shape)}")
         out, inn = loc.shape[-2:]
+        # (the messages name the sizes only when raised: formatting a symbolic size here would
+        # specialise it under torch.compile)
         row_name, row, row_tril = _factor_argument("row", row_covariance, row_scale_tril, out, loc,
-                                                   f"out x out with out = loc.size(-2) = {out}")
+                                                   "out x out with out = loc.size(-2)")
         col_name, col, col_tril = _factor_argument("column", column_covariance, column_scale_tril, inn, loc,
-                                                   f"in x in with in = loc.size(-1) = {inn}")
+                                                   "in x in with in = loc.size(-1)")
         dt, _, batch = _common({"loc": loc, row_name: row, col_name: col})
         loc, row, col = loc.to(dt), row.to(dt), col.to(dt)
         self.loc = loc.expand(batch + (out, inn))
@@ -351,8 +356,8 @@ class EigenvalueCorrectedMatrixNormal(_KroneckerGaussian):
         out, inn = loc.shape[-2:]
         q_out, q_in, variance = (_as_float(n, x, loc) for n, x in (("q_out", q_out), ("q_in", q_in),
                                                                     ("variance", variance)))
-        _check_trailing("q_out", q_out, out, out, f"out x out with out = loc.size(-2) = {out}")
-        _check_trailing("q_in", q_in, inn, inn, f"in x in with in = loc.size(-1) = {inn}")
+        _check_trailing("q_out", q_out, out, out, "out x out with out = loc.size(-2)")
+        _check_trailing("q_in", q_in, inn, inn, "in x in with in = loc.size(-1)")
         _check_trailing("variance", variance, out, inn, "like loc")
         dt, _, batch = _common({"loc": loc, "q_out": q_out, "q_in": q_in, "variance": variance})
         self._q_out, self._q_in, self._s = q_out.to(dt), q_in.to(dt), variance.to(dt)

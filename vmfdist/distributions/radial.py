@@ -38,7 +38,7 @@ import torch
 from torch.distributions import Distribution, constraints
 
 from .._ops import lib
-from .._ops.random import draw_seed_offset
+from .._ops.random import call_sampler
 from ._constants import EULER_GAMMA, LOG_2PI
 from ._validation import as_real_tensor, check_value, same_device
 from .von_mises_fisher import log_sphere_area
@@ -54,20 +54,17 @@ def radial_noise(loc: torch.Tensor, scale: torch.Tensor, sample_shape=torch.Size
     ``|eps|`` is taken over the whole of ``loc.shape`` (one radius per sample), or over the
     last dimension only with ``rowwise=True`` (one radius per row; ``r`` then multiplies a
     uniform direction per row).  Differentiable in ``loc`` and ``scale``; the seed of the
-    Philox streams is drawn from ``generator`` (default: the global CPU generator).
+    Philox streams is drawn inside the op from ``generator`` (default: the default generator of
+    ``loc``'s device; see :mod:`vmfdist.random`).
     """
     loc, scale = torch.broadcast_tensors(torch.as_tensor(loc), torch.as_tensor(scale))
     dtype = torch.promote_types(loc.dtype, scale.dtype)
     if not dtype.is_floating_point:
         dtype = torch.get_default_dtype()
     loc, scale = loc.to(dtype), scale.to(dtype)
-    sample_shape = torch.Size(sample_shape)
-    n = 1
-    for s in sample_shape:
-        n *= s
-    seed, offset = draw_seed_offset(generator, loc.device)
-    out, _ = lib.radial_noise(loc, scale, n, seed, offset, bool(rowwise))
-    return out.reshape(sample_shape + loc.shape)
+    out, _, _ = call_sampler("radial_noise", lib.radial_noise, loc, scale, sample_shape=sample_shape,
+                             generator=generator, streams=2, rowwise=bool(rowwise))
+    return out
 
 
 class Radial(Distribution):
@@ -186,7 +183,9 @@ class Radial(Distribution):
         d = self.numel
         v = (value - self.loc) / self.scale
         sq = self._event_sum(v.pow(2))
-        const = math.log(2.0) - 0.5 * LOG_2PI - float(log_sphere_area(d))
+        # a tensor (d may be symbolic under torch.compile), computed in float64 and rounded once
+        log_area = log_sphere_area(d, dtype=torch.float64, device=sq.device).to(sq.dtype)
+        const = math.log(2.0) - 0.5 * LOG_2PI - log_area
         lp = const - 0.5 * sq - self._event_sum(self.scale.log())
         if d > 1:  # (D - 1) log|v|, and 0 for D = 1 also at v = 0
             lp = lp - (d - 1) * (0.5 * torch.log(sq))
@@ -194,7 +193,8 @@ class Radial(Distribution):
 
     def entropy(self):
         d = self.numel
-        const = (0.5 * LOG_2PI + 0.5 - math.log(2.0) + float(log_sphere_area(d))
+        const = (0.5 * LOG_2PI + 0.5 - math.log(2.0)
+                 + log_sphere_area(d, dtype=torch.float64, device=self.scale.device).to(self.scale.dtype)
                  - 0.5 * (d - 1) * (EULER_GAMMA + math.log(2.0)))
         return const + self._event_sum(self.scale.log())
 

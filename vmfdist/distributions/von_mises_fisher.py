@@ -35,7 +35,7 @@ from torch.distributions import Distribution, constraints
 
 from .. import special
 from .._ops import lib
-from .._ops.random import draw_seed_offset
+from .._ops.random import call_sampler
 from ._validation import as_real_tensor, check_shape, check_value, same_device
 
 __all__ = [
@@ -74,7 +74,10 @@ sphere = _Sphere()
 def log_sphere_area(d, dtype=torch.float64, device=None) -> torch.Tensor:
     r""":math:`\log S_{d-1} = \log 2 + (d/2)\log\pi - \log\Gamma(d/2)`, the log surface area of
     the unit sphere in :math:`\mathbb{R}^d`."""
-    d = torch.as_tensor(d, dtype=dtype, device=device)
+    if isinstance(d, (int, torch.SymInt)) and not isinstance(d, bool):
+        d = torch.full((), d, dtype=dtype, device=device)  # (keeps a symbolic size symbolic under torch.compile)
+    else:
+        d = torch.as_tensor(d, dtype=dtype, device=device)
     return math.log(2.0) + 0.5 * d * math.log(math.pi) - torch.lgamma(0.5 * d)
 
 
@@ -127,6 +130,12 @@ def vmf_log_normalizer(concentration: torch.Tensor, d: int, scaled: bool = False
 
 
 def _check_dim(d) -> int:
+    # torch.jit.trace records sizes as 0-dim integer tensors (the trace fixes them anyway)
+    if isinstance(d, torch.Tensor) and d.dim() == 0 and not d.is_floating_point() and d.dtype != torch.bool:
+        d = int(d)
+    if isinstance(d, torch.SymInt):  # torch.compile with dynamic shapes: keep it symbolic
+        torch._check(d >= 2, lambda: f"dim must be at least 2 (the sphere S^(d-1) in R^d), got {d}")
+        return d
     if isinstance(d, bool) or not (isinstance(d, int) or (isinstance(d, Number) and float(d).is_integer())):
         raise TypeError(f"dim must be an integer, got {d!r}")
     d = int(d)
@@ -268,16 +277,11 @@ class VonMisesFisher(Distribution):
 
     # ---- sampling ------------------------------------------------------------
     def rsample(self, sample_shape=torch.Size(), generator: Optional[torch.Generator] = None):
-        shape = self._extended_shape(torch.Size(sample_shape))
-        n = 1
-        for s in torch.Size(sample_shape):
-            n *= s
         d = self._dim
-        loc = self.loc.reshape(-1, d)
-        kappa = self.concentration.reshape(-1)
-        seed, offset = draw_seed_offset(generator, loc.device)
-        x, _ = lib.vmf_sample(loc, kappa, n, seed, offset)
-        return x.reshape(shape)
+        x, _ = call_sampler("VonMisesFisher.rsample", lib.vmf_sample, self.loc.reshape(-1, d),
+                            self.concentration.reshape(-1), sample_shape=sample_shape, generator=generator,
+                            streams=2, event_shape=self.batch_shape + (d,))
+        return x
 
     def sample(self, sample_shape=torch.Size(), generator: Optional[torch.Generator] = None):
         with torch.no_grad():
@@ -356,20 +360,15 @@ class HypersphericalUniform(Distribution):
 
     def sample(self, sample_shape=torch.Size(), generator: Optional[torch.Generator] = None):
         """Exactly uniform: the vMF sampler at kappa = 0 (Wood's proposal is then exact)."""
-        sample_shape = torch.Size(sample_shape)
-        n = 1
-        for s in sample_shape:
-            n *= s
-        b = 1
-        for s in self.batch_shape:
-            b *= s
+        b = math.prod(self.batch_shape)
         loc = torch.zeros(b, self._dim, dtype=self._dtype, device=self._device)
         loc[:, 0] = 1.0
         kappa = torch.zeros(b, dtype=self._dtype, device=self._device)
-        seed, offset = draw_seed_offset(generator, self._device)
         with torch.no_grad():
-            x, _ = lib.vmf_sample(loc, kappa, n, seed, offset)
-        return x.reshape(self._extended_shape(sample_shape))
+            x, _ = call_sampler("HypersphericalUniform.sample", lib.vmf_sample, loc, kappa,
+                                sample_shape=sample_shape, generator=generator, streams=2,
+                                event_shape=self.batch_shape + (self._dim,))
+        return x
 
 
 # ---- maximum likelihood ------------------------------------------------------

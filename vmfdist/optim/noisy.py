@@ -57,7 +57,7 @@ from ..curvature import (KFACHooks, check_finite, damped_kfac_eigenvalues, eigen
 from ..curvature.layers import layer_shape
 from ..distributions import EigenvalueCorrectedMatrixNormal, MatrixNormal
 from .._ops import lib
-from .._ops.random import draw_seed_offset
+from .._ops.random import random_kwargs
 
 __all__ = ["NoisyKFAC", "NoisyEKFAC", "PRESETS"]
 
@@ -97,9 +97,9 @@ def _below_autograd():
 def _sample_now(loc, q_out, q_in, variance, generator):
     """``kron_eigen_sample(loc, q_out, q_in, variance, generator=generator)`` (one sample, same
     bits, no graph)."""
-    seed, offset = draw_seed_offset(generator, loc.device)
+    rng = random_kwargs("NoisyKFAC.sampled_weights", generator)
     with torch.no_grad(), _below_autograd():
-        return lib.kron_eigen_sample(loc, q_out, q_in, variance, 1, seed, offset)[0]
+        return lib.kron_eigen_sample(loc, q_out, q_in, variance, 1, **rng)[0][0]
 
 
 def _matvec_now(q_out, q_in, scale, v, power):
@@ -430,7 +430,8 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                             st = self.state[m.weight]
                             # Philox stream keyed by (seed, step, share of the global batch, layer)
                             w = lib.kron_eigen_sample(means[n], st["q_g"], st["q_a"], self._posterior_variance(st),
-                                                      1, _mix64(self.seed, k, rank * P + j, li, 1), 0)[0]
+                                                      1, seed=_mix64(self.seed, k, rank * P + j, li, 1),
+                                                      offset=0)[0][0]
                             mats[n].copy_(w)
                             w_sum[n] = w if w_sum[n] is None else w_sum[n] + w
                 hooks.clear()

@@ -202,6 +202,29 @@ VMF_INLINE Reflection reflection(double mu0) {
   return r;
 }
 
+// ---- Row set-up of the reflection (shared by csrc/cpu/vmf_cpu.cpp and csrc/cuda/vmf_cuda.cu) ----
+// One sample row x = Q(mu/|mu|) (w, s e / |e|), s = sqrt(1 - w^2) = sqrt(omw opw), from the
+// tangent normals e (d - 1 entries) and the unnormalised loc mu, given the row's sums
+//   ee = sum_{i>=1} e_i^2,  me = sum_{i>=1} mu_i e_i,  mm = sum_{i>=0} mu_i^2
+// (mu is normalised on the fly, so loc that is unit only to rounding is fine).  Then
+//   x_0 = x0,  x_i = sy e_i + c mu_i  (i >= 1),
+// with y = (w, s e/|e|) and sigma = w den - sgn (s/|e|) (mu.e)/|mu| as in Reflection.
+struct RowRotation {
+  double x0, sy, c;
+};
+
+VMF_INLINE RowRotation row_rotation(double w, double omw, double opw, double ee, double me, double mm, double mu0) {
+  const double inv_mu = 1.0 / ::sqrt(mm);
+  const double scale = ::sqrt(omw * opw) / ::sqrt(ee);  // y_i = scale e_i
+  const Reflection r = reflection(mu0 * inv_mu);
+  const double sigma = w * r.den - r.sgn * scale * me * inv_mu;
+  RowRotation t;
+  t.x0 = r.sgn * (w - sigma);
+  t.sy = r.sgn * scale;
+  t.c = sigma / r.den * inv_mu;  // sigma / den, times the normalisation of mu_i
+  return t;
+}
+
 // ---------------------------------------------------------------------------
 // Implicit reparameterisation of the marginal (Figurnov, Mohamed & Mnih 2018).
 //
