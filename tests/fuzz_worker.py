@@ -48,7 +48,9 @@ BAD = [-5e-324, -1.0, -1e300, -INF, NAN]
 
 
 def log_uniform(lo, hi):
-    return st.floats(math.log2(lo), math.log2(hi)).map(lambda e: min(hi, max(lo, 2.0 ** e)))
+    # log2(DBL_MAX) rounds to 1024.0 and 2.0 ** 1024.0 raises OverflowError in Python, while a
+    # float product overflows to inf (clamped to hi); a product that underflows clamps to lo
+    return st.floats(math.log2(lo), math.log2(hi)).map(lambda e: min(hi, max(lo, 2.0 ** (e - 1.0) * 2.0)))
 
 
 finite_pos = st.one_of(st.sampled_from([x for x in POS_EXTREMES if x > 0]), log_uniform(5e-324, DBL_MAX),
