@@ -36,8 +36,13 @@ def _table(orders, z):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="demo_output", help="directory for the plot")
+    parser.add_argument("--out", default="demo_output", help="directory for the pictures")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="training epochs of every Bayesian network (default: 20, and 30 for RDP); "
+                             "a small value gives a quick smoke run")
     args = parser.parse_args(argv)
+    if args.epochs is not None and args.epochs < 1:
+        parser.error(f"--epochs must be positive, got {args.epochs}")
 
     z = torch.logspace(-3, 4, 2001, dtype=torch.float64)
     orders = [0.5, 1.0, 1.5, 2.0, 5.0, 10.0, 50.0, 128.0, 1000.0, 1e5]
@@ -63,7 +68,10 @@ def main(argv=None):
         print(f"{nu:>8g} {zz:>8g} {ex:>22.15g} {a44:>14.6g} {a45:>22.15g}")
 
     _vmf_table()
-    layers_demo(args.out)
+    if args.epochs is None:
+        layers_demo(args.out)
+    else:
+        layers_demo(args.out, epochs=args.epochs, rdp_epochs=args.epochs)
 
     try:
         import matplotlib
@@ -111,9 +119,6 @@ def _vmf_table():
         da = 1 - a * a - (d - 1) * a / k
         print(f"{d:>6} {k:>8g} {float(w.detach().mean()):>12.6f} {a:>12.6f} {float(g):>12.6f} {da:>12.6f}")
 
-
-if __name__ == "__main__":
-    main()
 
 
 def layers_demo(out: str = "demo_output", epochs: int = 20, rdp_epochs: int = 30):
@@ -229,3 +234,7 @@ def _layers_demo(out, epochs, rdp_epochs, load_digits, train_test_split):
     fig.savefig(os.path.join(out, "reliability.png"), dpi=110)
     plt.close(fig)
     print(f"plots written to {os.path.join(out, 'rdp_log_modes.png')} and {os.path.join(out, 'reliability.png')}")
+
+
+if __name__ == "__main__":
+    main()
