@@ -98,7 +98,10 @@ def resolve_loss(likelihood: Optional[str] = None, sigma_noise: float = 1.0, los
     raise ValueError(f"loss_func must be nn.CrossEntropyLoss or nn.MSELoss, got {type(loss_func).__name__}")
 
 
-def _targets_2d(output: torch.Tensor, target: torch.Tensor, likelihood: str) -> torch.Tensor:
+def check_targets(output: torch.Tensor, target: torch.Tensor, likelihood: str) -> torch.Tensor:
+    """``target`` checked against the model output ``(batch, k)``: class indices ``(batch,)`` for
+    classification; for regression the output's shape (a ``(batch,)`` target is accepted for one
+    output), in the output's dtype.  A mismatch raises ``ValueError`` naming both shapes."""
     if likelihood == "classification":
         if target.shape != output.shape[:1]:
             raise ValueError(f"classification targets must have shape (batch,) = {tuple(output.shape[:1])}, got "
@@ -140,7 +143,7 @@ def output_gradients(output: torch.Tensor, target: Optional[torch.Tensor], likel
     if fisher_type == "empirical":
         if target is None:
             raise ValueError("fisher_type='empirical' needs the targets")
-        y = _targets_2d(f, target, likelihood)
+        y = check_targets(f, target, likelihood)
         if likelihood == "classification":
             return [f.softmax(-1) - torch.nn.functional.one_hot(y.long(), f.shape[1]).to(f.dtype)]
         return [(f - y) / sigma_noise ** 2]

@@ -350,3 +350,22 @@ def _conv_repr(layer):
 
 def _softplus_inv(x: float) -> float:
     return x + math.log(-math.expm1(-x))
+
+
+def _gaussian_parameters(layer: nn.Module, wshape, bias: bool, sigma_init: float, prior, bias_prior,
+                         device, dtype) -> None:
+    """The parameters of a factorised-scale posterior (mean-field and Radial layers): weight_mu
+    (He-initialised), weight_rho = softplus^-1(sigma_init), the bias pair (or None), and the priors
+    as modules (``bias_prior`` defaults to ``prior``)."""
+    fk = {"device": device, "dtype": dtype}
+    layer.weight_mu = nn.Parameter(torch.empty(wshape, **fk))
+    layer.weight_rho = nn.Parameter(torch.full(wshape, _softplus_inv(sigma_init), **fk))
+    if bias:
+        layer.bias_mu = nn.Parameter(torch.zeros(wshape[0], **fk))
+        layer.bias_rho = nn.Parameter(torch.full((wshape[0],), _softplus_inv(sigma_init), **fk))
+    else:
+        layer.register_parameter("bias_mu", None)
+        layer.register_parameter("bias_rho", None)
+    layer.prior = _Prior(prior, "prior")
+    layer.bias_prior = _Prior(prior if bias_prior is None else bias_prior, "bias_prior")
+    nn.init.kaiming_normal_(layer.weight_mu, nonlinearity="relu")

@@ -20,11 +20,10 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torch.distributions import Independent, Normal
 
-from ._base import (BayesianModule, _ConvOps, _LinearOps, _Prior, _conv_repr, _conv_setup, _linear_setup,
-                    _softplus_inv, kl_to_prior)
+from ._base import (BayesianModule, _ConvOps, _LinearOps, _conv_repr, _conv_setup, _gaussian_parameters, _linear_setup,
+                    kl_to_prior)
 
 __all__ = ["MeanFieldLinear", "MeanFieldConv2d"]
 
@@ -38,19 +37,8 @@ class _MeanField(BayesianModule):
         if not (isinstance(sigma_init, (int, float)) and sigma_init > 0 and math.isfinite(sigma_init)):
             raise ValueError(f"sigma_init must be a positive float, got {sigma_init!r}")
         self.estimator = estimator
-        fk = {"device": device, "dtype": dtype}
-        self.weight_mu = nn.Parameter(torch.empty(wshape, **fk))
-        self.weight_rho = nn.Parameter(torch.full(wshape, _softplus_inv(sigma_init), **fk))
-        if bias:
-            self.bias_mu = nn.Parameter(torch.zeros(wshape[0], **fk))
-            self.bias_rho = nn.Parameter(torch.full((wshape[0],), _softplus_inv(sigma_init), **fk))
-        else:
-            self.register_parameter("bias_mu", None)
-            self.register_parameter("bias_rho", None)
-        self.prior = _Prior(prior, "prior")
-        self.bias_prior = _Prior(prior if bias_prior is None else bias_prior, "bias_prior")
+        _gaussian_parameters(self, wshape, bias, sigma_init, prior, bias_prior, device, dtype)
         self.prior_kl_samples = 16
-        nn.init.kaiming_normal_(self.weight_mu, nonlinearity="relu")
 
     # ---- posterior --------------------------------------------------------------
     @property

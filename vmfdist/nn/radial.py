@@ -24,11 +24,10 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..distributions import Radial, radial_noise
-from ._base import (BayesianModule, _ConvOps, _LinearOps, _Prior, _conv_repr, _conv_setup, _linear_setup,
-                    _softplus_inv, kl_to_prior)
+from ._base import (BayesianModule, _ConvOps, _LinearOps, _conv_repr, _conv_setup, _gaussian_parameters, _linear_setup,
+                    kl_to_prior)
 
 __all__ = ["RadialLinear", "RadialConv2d"]
 
@@ -39,19 +38,8 @@ class _Radial(BayesianModule):
             raise ValueError(f"sigma_init must be a positive float, got {sigma_init!r}")
         if not isinstance(prior_kl_samples, int) or prior_kl_samples < 1:
             raise ValueError(f"prior_kl_samples must be a positive int, got {prior_kl_samples!r}")
-        fk = {"device": device, "dtype": dtype}
-        self.weight_mu = nn.Parameter(torch.empty(wshape, **fk))
-        self.weight_rho = nn.Parameter(torch.full(wshape, _softplus_inv(sigma_init), **fk))
-        if bias:
-            self.bias_mu = nn.Parameter(torch.zeros(wshape[0], **fk))
-            self.bias_rho = nn.Parameter(torch.full((wshape[0],), _softplus_inv(sigma_init), **fk))
-        else:
-            self.register_parameter("bias_mu", None)
-            self.register_parameter("bias_rho", None)
-        self.prior = _Prior(prior, "prior")
-        self.bias_prior = _Prior(prior if bias_prior is None else bias_prior, "bias_prior")
+        _gaussian_parameters(self, wshape, bias, sigma_init, prior, bias_prior, device, dtype)
         self.prior_kl_samples = prior_kl_samples
-        nn.init.kaiming_normal_(self.weight_mu, nonlinearity="relu")
 
     @property
     def weight_sigma(self):

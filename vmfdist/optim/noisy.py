@@ -50,9 +50,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..curvature import (KFACHooks, check_finite, damped_kfac_eigenvalues, eigen_basis, find_layers,
-                         gradient_factor, grad_matrix, input_factor, input_patches, output_gradients, output_grads,
-                         per_example_second_moments, resolve_loss, running_average_weight, set_weight_matrix,
+from ..curvature import (KFACHooks, check_finite, check_targets, damped_kfac_eigenvalues, eigen_basis, find_layers,
+                         gradient_factor, input_factor, input_patches, output_gradients, output_grads,
+                         per_example_second_moments, resolve_loss, running_average_weight,
                          trace_norm_pi, weight_matrix)
 from ..curvature.layers import layer_shape
 from ..distributions import EigenvalueCorrectedMatrixNormal, MatrixNormal
@@ -344,19 +344,6 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
             return f.softmax(-1) - nn.functional.one_hot(target.long(), f.shape[1]).to(f.dtype)
         return (f - target) / self.sigma_noise ** 2
 
-    def _check_targets(self, out, target):
-        if self.likelihood == "classification":
-            if target.shape != out.shape[:1]:
-                raise ValueError(f"classification targets must have shape (batch,) = {tuple(out.shape[:1])}, got "
-                                 f"{tuple(target.shape)}")
-            return target
-        if target.dim() == 1 and out.shape[1] == 1:
-            target = target.unsqueeze(1)
-        if target.shape != out.shape:
-            raise ValueError(f"regression targets must have the output's shape {tuple(out.shape)}, got "
-                             f"{tuple(target.shape)}")
-        return target.to(out.dtype)
-
     def _output_grads(self, out, grad_out, retain):
         """Gradients of ``out`` (weighted by ``grad_out``) with respect to every layer's output,
         appended to the hooks' ``grads``."""
@@ -443,7 +430,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                         raise ValueError(f"the model output must have shape (batch, outputs), got "
                                          f"{tuple(out2.shape)}")
                     out = out2[:chunk]
-                    ys = self._check_targets(out, ys)
+                    ys = check_targets(out, ys, self.likelihood)
                     f = out.detach()
                     if self.likelihood == "regression" and self.fisher_type == "mc":
                         # the output gradients of both halves in one buffer: (f - y)/(sigma^2 B) for the
@@ -477,7 +464,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                     out = self.model(xs)
                     if out.dim() != 2:
                         raise ValueError(f"the model output must have shape (batch, outputs), got {tuple(out.shape)}")
-                    ys = self._check_targets(out, ys)
+                    ys = check_targets(out, ys, self.likelihood)
                     if need_acts:
                         try:
                             es = output_gradients(out, ys, self.likelihood, self.fisher_type, self.sigma_noise, 1,
