@@ -187,7 +187,7 @@ def train_map(split: Split, epochs: int, seed: int, prior_precision: float = 1.0
             loss.backward()
             opt.step()
             sched.step()
-    return model, float(log_tau.exp())
+    return model, float(log_tau.detach().exp())
 
 
 def _map_method(split: Split, epochs: int, seed: int) -> Dict[str, float]:
