@@ -352,20 +352,44 @@ def _softplus_inv(x: float) -> float:
     return x + math.log(-math.expm1(-x))
 
 
-def _gaussian_parameters(layer: nn.Module, wshape, bias: bool, sigma_init: float, prior, bias_prior,
-                         device, dtype) -> None:
-    """The parameters of a factorised-scale posterior (mean-field and Radial layers): weight_mu
-    (He-initialised), weight_rho = softplus^-1(sigma_init), the bias pair (or None), and the priors
-    as modules (``bias_prior`` defaults to ``prior``)."""
-    fk = {"device": device, "dtype": dtype}
-    layer.weight_mu = nn.Parameter(torch.empty(wshape, **fk))
-    layer.weight_rho = nn.Parameter(torch.full(wshape, _softplus_inv(sigma_init), **fk))
-    if bias:
-        layer.bias_mu = nn.Parameter(torch.zeros(wshape[0], **fk))
-        layer.bias_rho = nn.Parameter(torch.full((wshape[0],), _softplus_inv(sigma_init), **fk))
-    else:
-        layer.register_parameter("bias_mu", None)
-        layer.register_parameter("bias_rho", None)
-    layer.prior = _Prior(prior, "prior")
-    layer.bias_prior = _Prior(prior if bias_prior is None else bias_prior, "bias_prior")
-    nn.init.kaiming_normal_(layer.weight_mu, nonlinearity="relu")
+class _ScaledGaussianLayer(BayesianModule):
+    """Shared by the mean-field and Radial layers: weight and bias each have a mean and a scale
+    sigma = softplus(rho); the subclass supplies the posterior family (``weight_posterior``,
+    ``bias_posterior``) and the sampler."""
+
+    def _init_scale_parameters(self, wshape, bias: bool, sigma_init: float, prior, bias_prior,
+                               prior_kl_samples: int, device, dtype) -> None:
+        """weight_mu (He-initialised), weight_rho = softplus^-1(sigma_init), the bias pair (or
+        None), and the priors as modules (``bias_prior`` defaults to ``prior``)."""
+        fk = {"device": device, "dtype": dtype}
+        self.weight_mu = nn.Parameter(torch.empty(wshape, **fk))
+        self.weight_rho = nn.Parameter(torch.full(wshape, _softplus_inv(sigma_init), **fk))
+        if bias:
+            self.bias_mu = nn.Parameter(torch.zeros(wshape[0], **fk))
+            self.bias_rho = nn.Parameter(torch.full((wshape[0],), _softplus_inv(sigma_init), **fk))
+        else:
+            self.register_parameter("bias_mu", None)
+            self.register_parameter("bias_rho", None)
+        self.prior = _Prior(prior, "prior")
+        self.bias_prior = _Prior(prior if bias_prior is None else bias_prior, "bias_prior")
+        self.prior_kl_samples = prior_kl_samples
+        nn.init.kaiming_normal_(self.weight_mu, nonlinearity="relu")
+
+    @property
+    def weight_sigma(self) -> torch.Tensor:
+        return F.softplus(self.weight_rho)
+
+    @property
+    def bias_sigma(self) -> Optional[torch.Tensor]:
+        return None if self.bias_rho is None else F.softplus(self.bias_rho)
+
+    def kl_divergence(self) -> torch.Tensor:
+        """KL(q || prior) summed over weights and bias: closed form for a Gaussian prior, the
+        unbiased Monte Carlo estimate (``prior_kl_samples`` samples) otherwise."""
+        kl = kl_to_prior(self.weight_posterior(), self.prior, self.weight_mu.shape, self.prior_kl_samples)
+        if self.bias_mu is not None:
+            kl = kl + kl_to_prior(self.bias_posterior(), self.bias_prior, self.bias_mu.shape, self.prior_kl_samples)
+        return kl
+
+    def point_weights(self, use):
+        return self.weight_mu, self.bias_mu

@@ -16,39 +16,27 @@ Three estimators of the forward pass (all unbiased for the expected log-likeliho
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch.distributions import Independent, Normal
 
-from ._base import (BayesianModule, _ConvOps, _LinearOps, _conv_repr, _conv_setup, _gaussian_parameters, _linear_setup,
-                    kl_to_prior)
+from ._base import _ConvOps, _LinearOps, _ScaledGaussianLayer, _conv_repr, _conv_setup, _linear_setup
 
 __all__ = ["MeanFieldLinear", "MeanFieldConv2d"]
 
 _ESTIMATORS = ("reparam", "local", "flipout")
 
 
-class _MeanField(BayesianModule):
+class _MeanField(_ScaledGaussianLayer):
     def _init_posterior(self, wshape, bias, prior, bias_prior, estimator, sigma_init, device, dtype):
         if estimator not in _ESTIMATORS:
             raise ValueError(f"estimator must be one of {_ESTIMATORS}, got {estimator!r}")
         if not (isinstance(sigma_init, (int, float)) and sigma_init > 0 and math.isfinite(sigma_init)):
             raise ValueError(f"sigma_init must be a positive float, got {sigma_init!r}")
         self.estimator = estimator
-        _gaussian_parameters(self, wshape, bias, sigma_init, prior, bias_prior, device, dtype)
-        self.prior_kl_samples = 16
+        self._init_scale_parameters(wshape, bias, sigma_init, prior, bias_prior, 16, device, dtype)
 
     # ---- posterior --------------------------------------------------------------
-    @property
-    def weight_sigma(self) -> torch.Tensor:
-        return F.softplus(self.weight_rho)
-
-    @property
-    def bias_sigma(self) -> Optional[torch.Tensor]:
-        return None if self.bias_rho is None else F.softplus(self.bias_rho)
-
     def weight_posterior(self):
         """``Independent(Normal(weight_mu, softplus(weight_rho)), weight.dim())``."""
         return Independent(Normal(self.weight_mu, self.weight_sigma, validate_args=False), self.weight_mu.dim(),
@@ -58,16 +46,6 @@ class _MeanField(BayesianModule):
         if self.bias_mu is None:
             return None
         return Independent(Normal(self.bias_mu, self.bias_sigma, validate_args=False), 1, validate_args=False)
-
-    def kl_divergence(self) -> torch.Tensor:
-        """KL(q || prior) summed over weights and bias (closed form for a Gaussian prior)."""
-        kl = kl_to_prior(self.weight_posterior(), self.prior, self.weight_mu.shape, self.prior_kl_samples)
-        if self.bias_mu is not None:
-            kl = kl + kl_to_prior(self.bias_posterior(), self.bias_prior, self.bias_mu.shape, self.prior_kl_samples)
-        return kl
-
-    def point_weights(self, use):
-        return self.weight_mu, self.bias_mu
 
     def sample_weights(self, num_samples):
         shape = (num_samples,) + tuple(self.weight_mu.shape)

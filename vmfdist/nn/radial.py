@@ -22,32 +22,20 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-import torch
-import torch.nn.functional as F
 
 from ..distributions import Radial, radial_noise
-from ._base import (BayesianModule, _ConvOps, _LinearOps, _conv_repr, _conv_setup, _gaussian_parameters, _linear_setup,
-                    kl_to_prior)
+from ._base import _ConvOps, _LinearOps, _ScaledGaussianLayer, _conv_repr, _conv_setup, _linear_setup
 
 __all__ = ["RadialLinear", "RadialConv2d"]
 
 
-class _Radial(BayesianModule):
+class _Radial(_ScaledGaussianLayer):
     def _init_posterior(self, wshape, bias, prior, bias_prior, sigma_init, prior_kl_samples, device, dtype):
         if not (isinstance(sigma_init, (int, float)) and sigma_init > 0 and math.isfinite(sigma_init)):
             raise ValueError(f"sigma_init must be a positive float, got {sigma_init!r}")
         if not isinstance(prior_kl_samples, int) or prior_kl_samples < 1:
             raise ValueError(f"prior_kl_samples must be a positive int, got {prior_kl_samples!r}")
-        _gaussian_parameters(self, wshape, bias, sigma_init, prior, bias_prior, device, dtype)
-        self.prior_kl_samples = prior_kl_samples
-
-    @property
-    def weight_sigma(self):
-        return F.softplus(self.weight_rho)
-
-    @property
-    def bias_sigma(self):
-        return None if self.bias_rho is None else F.softplus(self.bias_rho)
+        self._init_scale_parameters(wshape, bias, sigma_init, prior, bias_prior, prior_kl_samples, device, dtype)
 
     def weight_posterior(self) -> Radial:
         """``Radial(weight_mu, softplus(weight_rho))`` over the whole kernel."""
@@ -55,17 +43,6 @@ class _Radial(BayesianModule):
 
     def bias_posterior(self) -> Optional[Radial]:
         return None if self.bias_mu is None else Radial(self.bias_mu, self.bias_sigma, validate_args=False)
-
-    def kl_divergence(self) -> torch.Tensor:
-        """KL(q || prior) of weight and bias: closed form for a Gaussian prior, the unbiased
-        Monte Carlo estimate (``prior_kl_samples`` samples) for a Radial prior."""
-        kl = kl_to_prior(self.weight_posterior(), self.prior, self.weight_mu.shape, self.prior_kl_samples)
-        if self.bias_mu is not None:
-            kl = kl + kl_to_prior(self.bias_posterior(), self.bias_prior, self.bias_mu.shape, self.prior_kl_samples)
-        return kl
-
-    def point_weights(self, use):
-        return self.weight_mu, self.bias_mu
 
     def sample_weights(self, num_samples):
         w = radial_noise(self.weight_mu, self.weight_sigma, (num_samples,))
