@@ -108,3 +108,19 @@ def test_bad_arguments(tmp_path):
         cli.main(["uci", "--data-dir", str(tmp_path), "--methods", "nope"])
     with pytest.raises(SystemExit):
         cli.main(["uci", "--data-dir", str(tmp_path), "--splits", "x-y"])
+    with pytest.raises(SystemExit):
+        cli.main(["uci", "--data-dir", str(tmp_path), "--jobs", "0"])
+
+
+def test_worker_processes_give_the_same_numbers(tmp_path):
+    """--jobs 2 (spawned workers, one thread each) records the very numbers of an in-process run."""
+    data_dir = tmp_path / "uci"
+    _fake_uci(data_dir)
+    runs = {}
+    for jobs in (1, 2):
+        out = tmp_path / f"j{jobs}"
+        cli.main(["uci", "--data-dir", str(data_dir), "--methods", "map", "bbb", "--splits", "0-1", "--epochs", "2",
+                  "--jobs", str(jobs), "--out", str(out)])
+        runs[jobs] = json.loads((out / "uci.json").read_text())
+        assert runs[jobs]["settings"]["jobs"] == jobs and runs[jobs]["partial"] is False
+    assert runs[1]["datasets"] == runs[2]["datasets"]

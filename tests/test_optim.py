@@ -136,6 +136,51 @@ def test_one_step_is_the_damped_natural_gradient(cls, likelihood, fisher_type):
 
 
 @pytest.mark.parametrize("cls", [NoisyKFAC, NoisyEKFAC])
+def test_changing_sigma_noise_rescales_the_curvature(cls, one_thread):
+    """Bayesian linear regression with the exact GGN and factors averaged over every step: after
+    steps at sigma = 1, setting sigma_noise = 0.5 (a learned noise level) makes the posterior the
+    exact one for sigma = 0.5 at once and after further steps -- the stored gradient factor is
+    rescaled, not averaged with statistics taken at the old noise level (which would leave it
+    between 1 and 4 for many steps).  A state dict keeps the noise level its curvature refers to."""
+    N, eta = 200, 0.5
+    X, y, _, _, Xa = _blr_problem(N, sigma=0.5, eta=eta)
+    torch.manual_seed(0)
+    m = nn.Linear(4, 1).to(DT)
+    opt = cls(m, N, "regression", sigma_noise=1.0, prior_var=eta, kl_weight=1.0, fisher_type="type-2", lr=0.1,
+              damping=0.0, T_inv=1, T_scale=1, T_stats=1, beta=1e-6, beta_scale=1e-6, kl_clip=None, seed=1)
+    for _ in range(5):
+        opt.step(X, y)
+    opt.sigma_noise = 0.5
+
+    def check():
+        q = opt.posterior(m)
+        if cls is NoisyEKFAC:  # the exact posterior
+            exact = torch.linalg.inv(Xa.T @ Xa / 0.5 ** 2 + torch.eye(5, dtype=DT) / eta)
+            Q = torch.kron(q.q_out, q.q_in)
+            cov = Q @ torch.diag(q.eigenvalues.reshape(-1)) @ Q.T
+        else:  # the factored posterior with G = 1/sigma^2 (as in the test above)
+            A, G, gam = Xa.T @ Xa / N, torch.full((1, 1), 1 / 0.5 ** 2, dtype=DT), 1.0 / (N * eta)
+            pi = math.sqrt((A.trace() / 5) / G.trace())
+            P = torch.kron(G + math.sqrt(gam) / pi, A + pi * math.sqrt(gam) * torch.eye(5, dtype=DT))
+            exact = torch.linalg.inv(P) / N
+            cov = torch.kron(q.row_covariance, q.column_covariance)
+        torch.testing.assert_close(cov, exact, rtol=1e-10, atol=1e-14)
+
+    check()
+    sd = opt.state_dict()
+    assert sd["noisy"]["sigma_noise"] == 0.5
+    for _ in range(3):
+        opt.step(X, y)
+    check()
+    with pytest.raises(ValueError, match="sigma_noise"):
+        opt.sigma_noise = -1.0
+    m2 = nn.Linear(4, 1).to(DT)
+    o2 = cls(m2, N, "regression", sigma_noise=1.0, prior_var=eta, fisher_type="type-2", seed=1)
+    o2.load_state_dict(sd)
+    assert o2.sigma_noise == 0.5
+
+
+@pytest.mark.parametrize("cls", [NoisyKFAC, NoisyEKFAC])
 def test_state_dict_round_trip_continues_identically(cls):
     torch.manual_seed(0)
     make = lambda: nn.Sequential(nn.Linear(3, 6), nn.ReLU(), nn.Linear(6, 1)).to(DT)  # noqa: E731

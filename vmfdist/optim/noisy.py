@@ -132,7 +132,8 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                              "intrinsic damping lambda/(N eta) and the posterior scale lambda/N")
         if not (isinstance(num_data, int) and num_data >= 1):
             raise ValueError(f"num_data must be a positive integer, got {num_data!r}")
-        self.likelihood, self.sigma_noise, _ = resolve_loss(likelihood, sigma_noise)
+        self.likelihood, sigma_noise, _ = resolve_loss(likelihood, sigma_noise)
+        self._sigma_noise = sigma_noise
         if preset is None:
             preset = "uci" if self.likelihood == "regression" else "classification"
         if preset not in PRESETS:
@@ -248,6 +249,33 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
             self._mat[name] = mat
         self._weights = [m.weight for m in self.layers.values()]
         self._biases = [m.bias for m in self.layers.values() if m.bias is not None]
+
+    @property
+    def sigma_noise(self) -> float:
+        """The Gaussian likelihood's noise standard deviation (regression).  It may be changed
+        between steps (a learned or coordinate-ascent noise precision): the curvature the
+        optimizer holds is rescaled at once, since the Fisher of a Gaussian likelihood is
+        :math:`\\sigma^{-2}` times that of unit noise (:math:`\\sigma^{-4}` for the empirical Fisher),
+        so the posterior never lags behind the noise level by the running averages' memory."""
+        return self._sigma_noise
+
+    @sigma_noise.setter
+    def sigma_noise(self, value: float) -> None:
+        value = float(value)
+        if not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"sigma_noise must be positive and finite, got {value!r}")
+        old = self._sigma_noise
+        self._sigma_noise = value
+        if self.likelihood != "regression" or value == old or not hasattr(self, "layers"):
+            return
+        c = (old / value) ** (4 if self.fisher_type == "empirical" else 2)
+        for mod in self.layers.values():
+            st = self.state[mod.weight]
+            st["G"] = st["G"] * c
+            st["d_g"] = st["d_g"] * c
+            st["pi"] = st["pi"] / math.sqrt(c)
+            if self._ekfac:
+                st["S"] = st["S"] * c
 
     # ---- posterior ------------------------------------------------------------------------------------------
     def _layer_state(self, layer):
@@ -642,6 +670,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         sd = super().state_dict()
         sd["noisy"] = dict(step=self._step, stats_count=self._stats_count, scale_count=self._scale_count,
                            seed=self.seed, hp=dict(self.hp), num_data=self.num_data,
+                           sigma_noise=self._sigma_noise,
                            other=None if self.other_optimizer is None else self.other_optimizer.state_dict())
         return sd
 
@@ -654,6 +683,8 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         self._step, self._stats_count, self._scale_count = extra["step"], extra["stats_count"], extra["scale_count"]
         self.seed = extra["seed"]
+        # the loaded curvature refers to the saved noise level (older state dicts: this one's)
+        self._sigma_noise = float(extra.get("sigma_noise", self._sigma_noise))
         self.hp = dict(extra["hp"])
         self.gamma_in = self.hp["kl_weight"] / (self.num_data * self.hp["prior_var"])
         self.gamma = self.gamma_in + self.hp["damping"]
