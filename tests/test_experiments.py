@@ -124,3 +124,31 @@ def test_worker_processes_give_the_same_numbers(tmp_path):
         runs[jobs] = json.loads((out / "uci.json").read_text())
         assert runs[jobs]["settings"]["jobs"] == jobs and runs[jobs]["partial"] is False
     assert runs[1]["datasets"] == runs[2]["datasets"]
+
+
+def test_validation_split_uses_training_data_only(tmp_path):
+    _fake_uci(tmp_path, n=100)
+    data = uci.load_dataset("toy", str(tmp_path))
+    tr, te = data.splits[0]
+    v = uci.validation_split(data, 0)
+    assert len(v.y_test) == int(len(tr) * 0.2) and len(v.y_train) == len(tr) - len(v.y_test)
+    train_targets = set(data.y[tr].tolist())
+    assert set(v.y_test.tolist()) <= train_targets and not set(v.y_test.tolist()) & set(data.y[te].tolist())
+    assert torch.equal(uci.validation_split(data, 0).y_test, v.y_test)  # fixed per split
+
+
+def test_settings_overrides(tmp_path):
+    assert uci.parse_settings(["noisy-ekfac.kl_weight=1", "bbb.lr=0.5"]) == {"noisy-ekfac": {"kl_weight": 1.0},
+                                                                            "bbb": {"lr": 0.5}}
+    for bad in ["noisy-ekfac.nope=1", "nope.lr=1", "bbb.lr", "bbb.lr=x"]:
+        with pytest.raises(ValueError, match="--set"):
+            uci.parse_settings([bad])
+    data_dir = tmp_path / "uci"
+    _fake_uci(data_dir)
+    before = {m: dict(d) for m, d in uci.SETTINGS.items()}
+    args = ["uci", "--data-dir", str(data_dir), "--methods", "bbb", "--splits", "0", "--epochs", "2", "--jobs", "1"]
+    cli.main(args + ["--out", str(tmp_path / "a")])
+    cli.main(args + ["--set", "bbb.kl_weight=0.5", "--out", str(tmp_path / "b")])
+    a, b = (json.loads((tmp_path / o / "uci.json").read_text()) for o in "ab")
+    assert b["settings"]["methods"]["bbb"]["kl_weight"] == 0.5 and uci.SETTINGS == before
+    assert a["datasets"]["toy"]["bbb"]["test_ll"] != b["datasets"]["toy"]["bbb"]["test_ll"]
