@@ -152,3 +152,56 @@ def test_settings_overrides(tmp_path):
     a, b = (json.loads((tmp_path / o / "uci.json").read_text()) for o in "ab")
     assert b["settings"]["methods"]["bbb"]["kl_weight"] == 0.5 and uci.SETTINGS == before
     assert a["datasets"]["toy"]["bbb"]["test_ll"] != b["datasets"]["toy"]["bbb"]["test_ll"]
+
+
+# ---- the digits experiments (smoke versions: tiny epochs; the full runs are recorded in docs) ----
+sklearn = pytest.importorskip("sklearn")
+
+
+def test_digits_pruning_smoke(tmp_path):
+    cli.main(["digits-pruning", "--seeds", "1", "--epochs", "1", "--out", str(tmp_path)])
+    r = json.loads((tmp_path / "digits_pruning.json").read_text())
+    s = r["seeds"][0]
+    # LeNet-5 scaled to 8x8 (20-50-200-500), counted by hand with the paper's formulas:
+    # conv (Kw Kh Cin + 1) Hout Wout Cout, fully connected (Iin + 1) Iout
+    flops = (9 * 1 + 1) * 64 * 20 + (9 * 20 + 1) * 16 * 50 + (200 + 1) * 500 + (500 + 1) * 10
+    params = (9 * 1 + 1) * 20 + (9 * 20 + 1) * 50 + (200 + 1) * 500 + (500 + 1) * 10
+    assert s["unpruned"]["flops"] == flops and s["unpruned"]["params"] == params
+    assert s["unpruned"]["architecture"] == "20-50-200-500"
+    assert s["pruned"]["params"] <= params and s["pruned"]["flops"] <= flops
+    for k in ("unpruned", "meanfield"):
+        assert 0.0 <= s[k]["error_mean_weights"] <= 1.0 and 0.0 <= s[k]["error_predictive"] <= 1.0
+    assert "| RDP, pruned |" in (tmp_path / "digits_pruning.md").read_text()
+    assert (tmp_path / "digits_pruning_log_modes.png").stat().st_size > 0
+
+
+def test_radial_robustness_smoke(tmp_path):
+    cli.main(["radial-robustness", "--epochs", "1", "--uci-epochs", "1", "--lrs", "1e-2", "--rhos", "-6", "0",
+              "--out", str(tmp_path)])
+    r = json.loads((tmp_path / "radial_robustness.json").read_text())
+    assert r["tasks"]["digits"]["failure_bar"] == pytest.approx(0.1 + 3 * math.sqrt(0.1 * 0.9 / 360))
+    split = uci.make_split(uci.load_dataset("boston"), 0)
+    ref = stats.norm.logpdf(split.y_test.numpy(), split.y_mean, split.y_std).mean()
+    assert r["tasks"]["uci"]["failure_bar"] == pytest.approx(ref, rel=1e-12)
+    for task in ("digits", "uci"):
+        for kind in ("meanfield", "radial"):
+            cells = r["tasks"][task]["cells"][kind]
+            assert len(cells) == 2 and {c["rho"] for c in cells} == {-6.0, 0.0}
+            key = "accuracy" if task == "digits" else "test_ll"
+            bar = r["tasks"][task]["failure_bar"]
+            assert all(c["failed"] == (c[key] <= bar) for c in cells)
+    assert (tmp_path / "radial_robustness.png").stat().st_size > 0
+    with pytest.raises(SystemExit):
+        cli.main(["radial-robustness", "--lrs", "-1", "--out", str(tmp_path)])
+
+
+def test_laplace_calibration_smoke(tmp_path):
+    cli.main(["laplace-calibration", "--seeds", "1", "--epochs", "1", "--out", str(tmp_path)])
+    r = json.loads((tmp_path / "laplace_calibration.json").read_text())
+    s = r["seeds"][0]
+    for m in ("map", "kfac-laplace", "ekfac-laplace", "kfac-laplace-last", "ekfac-laplace-last"):
+        assert 0.0 <= s[m]["accuracy"] <= 1.0 and s[m]["nll"] > 0 and 0.0 <= s[m]["ood_auroc"] <= 1.0
+        assert 0.0 <= s[m]["ece"] <= 1.0
+    assert s["kfac-laplace"]["prior_precision"] > 0
+    text = (tmp_path / "laplace_calibration.md").read_text()
+    assert "| EK-FAC Laplace |" in text and (tmp_path / "laplace_calibration.png").stat().st_size > 0

@@ -4,10 +4,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import uci
+from . import calibration, pruning, robustness, uci
 
 EXPERIMENTS = {
     "uci": (uci, "UCI regression table (000, Table 1): test log-likelihood and RMSE"),
+    "digits-pruning": (pruning, "RDP structured pruning on digits (002, section 5)"),
+    "radial-robustness": (robustness, "Radial vs mean-field over a hyperparameter grid (004, section 4.1.3)"),
+    "laplace-calibration": (calibration, "MAP vs K-FAC / EK-FAC Laplace: calibration and OOD detection on digits"),
 }
 
 
