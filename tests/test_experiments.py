@@ -172,7 +172,7 @@ def test_digits_pruning_smoke(tmp_path):
     for k in ("unpruned", "meanfield"):
         assert 0.0 <= s[k]["error_mean_weights"] <= 1.0 and 0.0 <= s[k]["error_predictive"] <= 1.0
     assert "| RDP, pruned |" in (tmp_path / "digits_pruning.md").read_text()
-    assert (tmp_path / "digits_pruning_log_modes.png").stat().st_size > 0
+    assert (tmp_path / "digits_pruning.png").stat().st_size > 0
 
 
 def test_radial_robustness_smoke(tmp_path):

@@ -16,6 +16,8 @@ from torch import nn
 from . import nn as vnn
 from . import special
 from .distributions import VonMisesFisher
+from .experiments._common import pyplot
+from .experiments.pruning import plot_log_modes
 
 
 def _table(orders, z):
@@ -73,12 +75,8 @@ def main(argv=None):
     else:
         layers_demo(args.out, epochs=args.epochs, rdp_epochs=args.epochs)
 
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # pragma: no cover
+    plt = pyplot()
+    if plt is None:  # pragma: no cover
         print("\n(matplotlib not installed: no plot)")
         return
     os.makedirs(args.out, exist_ok=True)
@@ -193,33 +191,13 @@ def _layers_demo(out, epochs, rdp_epochs, load_digits, train_test_split):
           f"{vnn.count_flops(small, (1, 8, 8)):>8d}")
     print(f"pruned architecture: {vnn.architecture(lenet())} -> {vnn.architecture(small)}")
 
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # pragma: no cover
+    plt = pyplot()
+    if plt is None:  # pragma: no cover
         return
     os.makedirs(out, exist_ok=True)
-    modes = vnn.log_modes(rdp)
-    panels = [(name, side, v) for name, d in modes.items() for side, v in d.items() if v.numel() > 1]
-    ncol = min(4, len(panels))
-    nrow = -(-len(panels) // ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(3.4 * ncol, 2.9 * nrow), squeeze=False)
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
-    for ax, (name, side, v) in zip(axes.flat, panels):
-        ax.hist(v.numpy(), bins=30, color="tab:blue")
-        t = vnn.gap_threshold(v)
-        if t > -float("inf"):
-            ax.axvline(t, color="red", linestyle=":", label=f"threshold {t:.2f}")
-            ax.legend(fontsize=7)
-        ax.set_title(f"layer {name}, {side}s ({int((v > t).sum())}/{v.numel()} kept)", fontsize=8)
-        ax.set_xlabel("log mode of the local radius")
-        ax.set_ylabel(f"number of {side}s")
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "rdp_log_modes.png"), dpi=110)
-    plt.close(fig)
+    modes = {f"{name}.{side}": v for name, d in vnn.log_modes(rdp).items() for side, v in d.items()}
+    plot_log_modes(modes, {k: vnn.gap_threshold(v) for k, v in modes.items()}, os.path.join(out, "rdp_log_modes.png"),
+                   "RDP on digits: log-modes of the local radii and pruning thresholds")
     fig, ax = plt.subplots(figsize=(5.0, 4.4))
     ax.plot([0, 1], [0, 1], color="grey", linestyle="--", label="perfect calibration")
     for label, (_, pred) in results.items():

@@ -7,7 +7,7 @@ import platform
 import subprocess
 import sys
 import time
-from typing import Iterable, Optional
+from typing import Callable, Iterable, List, Optional
 
 import torch
 
@@ -70,3 +70,38 @@ def mean_se(values) -> tuple:
         return float("nan"), float("nan")
     se = float(t.std(unbiased=True) / t.numel() ** 0.5) if t.numel() > 1 else 0.0
     return float(t.mean()), se
+
+
+def header(title: str, meta: dict, wall_seconds: float, extra: str = "") -> List[str]:
+    """The first lines of a result page: title, command, commit (flagged when the tree had
+    uncommitted changes) and wall time."""
+    return [f"# {title}", "",
+            f"Command: `{meta.get('command', '')}`; commit `{meta.get('commit')}`"
+            f"{' (uncommitted changes)' if meta.get('dirty') else ''}; wall time {wall_seconds:.0f} s"
+            + (f"; {extra}" if extra else "") + "."]
+
+
+def pyplot():
+    """``matplotlib.pyplot`` on the file-only Agg backend, or ``None`` without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover
+        return None
+    return plt
+
+
+def write_results(out: str, stem: str, results: dict, plot: Callable[[str], Optional[str]],
+                  markdown: Callable[[dict, Optional[str]], str]) -> None:
+    """``<out>/<stem>.json``, the picture ``plot(<out>/<stem>.png)`` (its path, or ``None``
+    when it could not be drawn) and ``<out>/<stem>.md`` (``markdown(results, picture)``, also
+    printed)."""
+    os.makedirs(out, exist_ok=True)
+    write_json(os.path.join(out, f"{stem}.json"), results)
+    picture = plot(os.path.join(out, f"{stem}.png"))
+    text = markdown(results, picture)
+    with open(os.path.join(out, f"{stem}.md"), "w") as f:
+        f.write(text)
+    print(text)

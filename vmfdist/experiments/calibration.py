@@ -89,27 +89,20 @@ def run(args) -> dict:
         if first is None:
             first = (probs, yte)
     results = {"seeds": per_seed, "meta": meta, "wall_seconds": round(time.perf_counter() - t_all, 1),
-               "settings": {"epochs": args.epochs, "seeds": args.seeds, "network": "LeNet-5 scaled to 8x8 (20-50-200-500)",
+               "settings": {"epochs": args.epochs, "seeds": args.seeds,
+                            "network": "LeNet-5 scaled to 8x8 (20-50-200-500)",
                             "ood": "test images rotated by 90 degrees", "ece_bins": 15, "predictive": "GLM, probit",
                             "prior_precision": "marginal likelihood (scalar)"}}
-    os.makedirs(args.out, exist_ok=True)
-    _common.write_json(os.path.join(args.out, "laplace_calibration.json"), results)
-    picture = _plot(*first, os.path.join(args.out, "laplace_calibration.png"))
-    text = markdown(results, picture)
-    with open(os.path.join(args.out, "laplace_calibration.md"), "w") as f:
-        f.write(text)
-    print(text)
+    _common.write_results(args.out, "laplace_calibration", results, lambda path: _plot(*first, path), markdown)
     return results
 
 
 def markdown(results: dict, picture: str = None) -> str:
     meta = results["meta"]
     seeds = results["seeds"]
-    lines = ["# K-FAC Laplace calibration on digits", "",
-             f"Command: `{meta.get('command', '')}`; commit `{meta.get('commit')}`"
-             f"{' (uncommitted changes)' if meta.get('dirty') else ''}; wall time {results['wall_seconds']:.0f} s; "
-             f"{len(seeds)} seeds, mean ± standard error. OOD set: {results['settings']['ood']}.", "",
-             "| method | accuracy (%) | NLL | ECE (%) | Brier | OOD AUROC (entropy) |", "|---|---|---|---|---|---|"]
+    lines = _common.header("K-FAC Laplace calibration on digits", meta, results["wall_seconds"],
+                           f"{len(seeds)} seeds, mean ± standard error; OOD set: {results['settings']['ood']}") + [
+             "", "| method | accuracy (%) | NLL | ECE (%) | Brier | OOD AUROC (entropy) |", "|---|---|---|---|---|---|"]
     for m, label in METHODS.items():
         cells = []
         for k in METRICS:
@@ -129,12 +122,8 @@ def markdown(results: dict, picture: str = None) -> str:
 
 
 def _plot(probs, y, path):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # pragma: no cover
+    plt = _common.pyplot()
+    if plt is None:
         return None
     ncol = 3
     nrow = -(-len(probs) // ncol)
@@ -148,8 +137,9 @@ def _plot(probs, y, path):
         centers = (torch.arange(15, dtype=torch.float64) + 0.5) * width
         ax.bar(centers[keep].numpy(), acc[keep].numpy(), width=width, edgecolor="black", color="tab:blue",
                label="accuracy")
-        ax.bar(centers[keep].numpy(), (conf - acc)[keep].numpy(), bottom=acc[keep].numpy(), width=width,
-               color="tab:red", alpha=0.3, label="gap to confidence")
+        lo, gap = torch.minimum(acc, conf), (conf - acc).abs()
+        ax.bar(centers[keep].numpy(), gap[keep].numpy(), bottom=lo[keep].numpy(), width=width, color="none",
+               edgecolor="tab:red", hatch="//", label="gap to the bin's confidence")
         ax.plot([0, 1], [0, 1], color="grey", linestyle="--")
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)

@@ -97,13 +97,9 @@ def run(args) -> dict:
                                                "network": "LeNet-5-Caffe scaled to 8x8 (20-50-200-500)",
                                                "data": "sklearn load_digits, stratified 80/20 split, seed 0"},
                "meta": meta, "wall_seconds": round(time.perf_counter() - t_all, 1)}
-    os.makedirs(args.out, exist_ok=True)
-    _common.write_json(os.path.join(args.out, "digits_pruning.json"), results)
-    picture = _plot(first_modes, os.path.join(args.out, "digits_pruning_log_modes.png"))
-    text = markdown(results, picture)
-    with open(os.path.join(args.out, "digits_pruning.md"), "w") as f:
-        f.write(text)
-    print(text)
+    _common.write_results(args.out, "digits_pruning", results,
+                          lambda path: plot_log_modes(*first_modes, path, "RDP on digits (seed 0): log-modes and "
+                                                      "pruning thresholds (cf. 002, Fig. 7)"), markdown)
     return results
 
 
@@ -116,11 +112,9 @@ def markdown(results: dict, picture: str = None) -> str:
         return f"{fmt.format(m)} ± {fmt.format(se)}"
 
     rows = [("RDP, unpruned", "unpruned"), ("RDP, pruned", "pruned"), ("mean-field (BBB)", "meanfield")]
-    lines = ["# RDP structured pruning on digits", "",
-             f"Command: `{meta.get('command', '')}`; commit `{meta.get('commit')}`"
-             f"{' (uncommitted changes)' if meta.get('dirty') else ''}; wall time {results['wall_seconds']:.0f} s; "
-             f"{len(seeds)} seeds, mean ± standard error.", "",
-             "| network | test error, mean weights (%) | test error, predictive (%) | parameters | FLOPs |",
+    lines = _common.header("RDP structured pruning on digits", meta, results["wall_seconds"],
+                           f"{len(seeds)} seeds, mean ± standard error") + [
+             "", "| network | test error, mean weights (%) | test error, predictive (%) | parameters | FLOPs |",
              "|---|---|---|---|---|"]
     for label, key in rows:
         e_mean = ms([s[key]["error_mean_weights"] for s in seeds], 100)
@@ -138,15 +132,13 @@ def markdown(results: dict, picture: str = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _plot(modes_thresholds, path: str):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # pragma: no cover
+def plot_log_modes(modes: Dict[str, torch.Tensor], thresholds: Dict[str, float], path: str, title: str):
+    """Histograms of the log-modes of every RDP grouping (``{"<layer>.<side>": values}``) with
+    their pruning thresholds (``-inf``: none), as 002's Fig. 7; returns ``path`` (``None``
+    without matplotlib)."""
+    plt = _common.pyplot()
+    if plt is None:
         return None
-    modes, thresholds = modes_thresholds
     panels = [(k, v) for k, v in modes.items() if v.numel() > 1]
     ncol = min(4, len(panels))
     nrow = -(-len(panels) // ncol)
@@ -163,7 +155,7 @@ def _plot(modes_thresholds, path: str):
         ax.set_title(f"layer {layer}, {side}s: {int((v > t).sum())}/{v.numel()} kept", fontsize=8)
         ax.set_xlabel("log mode of the local radius")
         ax.set_ylabel(f"number of {side}s")
-    fig.suptitle("RDP on digits (seed 0): log-modes and pruning thresholds (cf. 002, Fig. 7)", fontsize=9)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -124,13 +124,7 @@ def run(args) -> dict:
                                        "failure_bar": bar, "cells": out,
                                        "wall_seconds": round(time.perf_counter() - t0, 1)}
     results["wall_seconds"] = round(time.perf_counter() - t_all, 1)
-    os.makedirs(args.out, exist_ok=True)
-    _common.write_json(os.path.join(args.out, "radial_robustness.json"), results)
-    picture = _plot(results, os.path.join(args.out, "radial_robustness.png"))
-    text = markdown(results, picture)
-    with open(os.path.join(args.out, "radial_robustness.md"), "w") as f:
-        f.write(text)
-    print(text)
+    _common.write_results(args.out, "radial_robustness", results, lambda path: _plot(results, path), markdown)
     return results
 
 
@@ -140,9 +134,8 @@ def _value(task, cell):
 
 def markdown(results: dict, picture: str = None) -> str:
     meta = results["meta"]
-    lines = ["# Radial vs mean-field: robustness to hyperparameters", "",
-             f"Command: `{meta.get('command', '')}`; commit `{meta.get('commit')}`"
-             f"{' (uncommitted changes)' if meta.get('dirty') else ''}; wall time {results['wall_seconds']:.0f} s.",
+    lines = _common.header("Radial vs mean-field: robustness to hyperparameters", meta,
+                           results["wall_seconds"]) + [
              f"Grid: Adam learning rate {results['grid']['lr']} x initial rho {results['grid']['rho']} "
              "(sigma = softplus(rho)), one seed per cell, plain ELBO.", "",
              "| task | posterior | failed (no better than chance) | best | median |", "|---|---|---|---|---|"]
@@ -162,12 +155,8 @@ def markdown(results: dict, picture: str = None) -> str:
 
 
 def _plot(results, path):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # pragma: no cover
+    plt = _common.pyplot()
+    if plt is None:
         return None
     tasks = list(results["tasks"])
     fig, axes = plt.subplots(len(tasks), 2, figsize=(8.4, 3.3 * len(tasks)), squeeze=False)
