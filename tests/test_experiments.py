@@ -205,3 +205,44 @@ def test_laplace_calibration_smoke(tmp_path):
     assert s["kfac-laplace"]["prior_precision"] > 0
     text = (tmp_path / "laplace_calibration.md").read_text()
     assert "| EK-FAC Laplace |" in text and (tmp_path / "laplace_calibration.png").stat().st_size > 0
+
+
+def _running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # not a zombie
+    except OSError:
+        return False
+
+
+def test_workers_leave_with_the_command(tmp_path):
+    """Killing the command leaves no worker processes behind (they would wait on the queue for ever)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    data_dir = tmp_path / "uci"
+    _fake_uci(data_dir, n=200)
+    proc = subprocess.Popen([sys.executable, "-m", "vmfdist.experiments", "uci", "--data-dir", str(data_dir),
+                             "--methods", "rdp", "--epochs", "500", "--jobs", "2", "--out", str(tmp_path / "o")],
+                            stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+    def children():
+        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+
+    deadline = time.time() + 60
+    kids = []
+    while time.time() < deadline and len(kids) < 2:  # the resource tracker and the two workers
+        time.sleep(0.5)
+        kids = children()
+    assert len(kids) >= 2, "the workers did not start"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 20
+    alive = kids
+    while time.time() < deadline and alive:
+        time.sleep(0.5)
+        alive = [p for p in alive if _running(p)]
+    assert not alive, f"worker processes {alive} outlived the command"

@@ -24,6 +24,7 @@ import concurrent.futures
 import math
 import multiprocessing
 import os
+import threading
 import time
 import zlib
 from dataclasses import dataclass
@@ -325,8 +326,9 @@ def _vi_method(kind: str, name: str):
 
 
 METHODS: Dict[str, Callable] = {"bbb": _vi_method("meanfield", "bbb"), "radial": _vi_method("radial", "radial"),
-                                "rdp": _vi_method("rdp", "rdp"), "noisy-ekfac": _noisy_method(True), "noisy-kfac": _noisy_method(False),
-                                "kfac-laplace": _kfac_laplace_method, "map": _map_method}
+                                "rdp": _vi_method("rdp", "rdp"), "noisy-ekfac": _noisy_method(True),
+                                "noisy-kfac": _noisy_method(False), "kfac-laplace": _kfac_laplace_method,
+                                "map": _map_method}
 ALL_METHODS = ["noisy-ekfac", "noisy-kfac", "bbb", "radial", "rdp", "kfac-laplace", "map"]
 
 
@@ -416,6 +418,17 @@ def _task(data_dir: str, name: str, method: str, split: int, epochs: Optional[in
         torch.set_num_threads(threads)
 
 
+def _worker_init(parent: int) -> None:
+    """Worker processes leave when the command that started them is gone (killed, or
+    interrupted): otherwise they would wait on the task queue for ever."""
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 class _InProcess:
     """The executor interface for --jobs 1: run each task when submitted."""
 
@@ -456,7 +469,8 @@ def run(args) -> dict:
     datasets = [load_dataset(name, args.data_dir) for name in names]  # fail early on a bad name
     order = sorted(methods, key=_COST_ORDER.index)
     pool = (_InProcess() if jobs == 1 else
-            concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")))
+            concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                                                   initializer=_worker_init, initargs=(os.getpid(),)))
     try:
         # every task is queued at once (in data-set order), so no worker idles between data sets
         queued = []
