@@ -199,10 +199,16 @@ def test_laplace_calibration_smoke(tmp_path):
     cli.main(["laplace-calibration", "--seeds", "1", "--epochs", "1", "--out", str(tmp_path)])
     r = json.loads((tmp_path / "laplace_calibration.json").read_text())
     s = r["seeds"][0]
-    for m in ("map", "kfac-laplace", "ekfac-laplace", "kfac-laplace-last", "ekfac-laplace-last"):
+    for m in ("map", "kfac-laplace", "ekfac-laplace", "kfac-laplace-val", "ekfac-laplace-val", "kfac-laplace-last",
+              "ekfac-laplace-last"):
         assert 0.0 <= s[m]["accuracy"] <= 1.0 and s[m]["nll"] > 0 and 0.0 <= s[m]["ood_auroc"] <= 1.0
         assert 0.0 <= s[m]["ece"] <= 1.0
     assert s["kfac-laplace"]["prior_precision"] > 0
+    # the validation prior is a point of the documented grid 10^-2 .. 10^5 (29 points)
+    for m in ("kfac-laplace-val", "ekfac-laplace-val"):
+        k = (math.log10(s[m]["prior_precision"]) + 2) * 4
+        assert abs(k - round(k)) < 1e-4 and 0 <= round(k) <= 28
+    assert r["settings"]["data"] == "digits: 1149 train / 288 validation / 360 test"
     text = (tmp_path / "laplace_calibration.md").read_text()
     assert "| EK-FAC Laplace |" in text and (tmp_path / "laplace_calibration.png").stat().st_size > 0
 
