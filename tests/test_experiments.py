@@ -195,6 +195,22 @@ def test_radial_robustness_smoke(tmp_path):
         cli.main(["radial-robustness", "--lrs", "-1", "--out", str(tmp_path)])
 
 
+@pytest.mark.parametrize("kind", ["meanfield", "radial"])
+def test_robustness_pretraining_moves_only_the_means(kind):
+    from vmfdist import nn as bnn
+    from vmfdist.experiments import robustness
+    torch.manual_seed(0)
+    model = bnn.to_bayesian(torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)), kind)
+    x, y = torch.randn(40, 3), torch.randint(0, 2, (40,))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    losses = robustness.pretrain_means(model, x, y, 2, lr=1e-2, seed=0)
+    assert len(losses) == 2 and all(math.isfinite(v) for v in losses)
+    for n, p in model.named_parameters():
+        moved = not torch.equal(p, before[n])
+        assert moved == ("rho" not in n), n  # means (and biases) move, the scale parameters do not
+    assert all(m.mode == "sample" for _, m in bnn.bayesian_modules(model))  # the mode is restored
+
+
 def test_laplace_calibration_smoke(tmp_path):
     cli.main(["laplace-calibration", "--seeds", "1", "--epochs", "1", "--out", str(tmp_path)])
     r = json.loads((tmp_path / "laplace_calibration.json").read_text())
