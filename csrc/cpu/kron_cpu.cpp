@@ -126,9 +126,19 @@ std::tuple<at::Tensor, at::Tensor> kron_eigen_sample_cpu(const at::Tensor& loc, 
   return {kron::kron_eigen_sample_impl<CpuBackend>(loc, q_out, q_in, variance, n, so), cpu_seed_offset_tensor(so)};
 }
 
+std::tuple<at::Tensor, at::Tensor> kron_eigen_ngd_cpu(const at::Tensor& q_out, const at::Tensor& q_in,
+                                                      const at::Tensor& scale, double damping, const at::Tensor& w,
+                                                      double weight_decay, const std::optional<at::Tensor>& grad,
+                                                      const std::optional<at::Tensor>& grad_out,
+                                                      const std::optional<at::Tensor>& grad_in) {
+  return kron::kron_eigen_ngd_impl<CpuBackend>(q_out, q_in, scale, damping, w, weight_decay, grad, grad_out, grad_in);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(vmfdist, CPU, m) {
+  m.impl("kron_eigen_ngd", &kron_eigen_ngd_cpu);
+  m.impl("kron_eigen_moments", &kron::kron_eigen_moments_impl);
   m.impl("kron_eigen_matvec", &kron_eigen_matvec_cpu);
   m.impl("kron_eigen_noise", &kron_eigen_noise_cpu);
   m.impl("kron_eigen_sample", &kron_eigen_sample_cpu);

@@ -126,9 +126,26 @@ std::tuple<at::Tensor, at::Tensor> kron_eigen_sample_cuda(const at::Tensor& loc,
           so};
 }
 
+std::tuple<at::Tensor, at::Tensor> kron_eigen_ngd_cuda(const at::Tensor& q_out, const at::Tensor& q_in,
+                                                      const at::Tensor& scale, double damping, const at::Tensor& w,
+                                                      double weight_decay, const std::optional<at::Tensor>& grad,
+                                                      const std::optional<at::Tensor>& grad_out,
+                                                      const std::optional<at::Tensor>& grad_in) {
+  const c10::cuda::CUDAGuard guard(w.device());
+  return kron::kron_eigen_ngd_impl<CudaBackend>(q_out, q_in, scale, damping, w, weight_decay, grad, grad_out, grad_in);
+}
+
+at::Tensor kron_eigen_moments_cuda(const at::Tensor& q_out, const at::Tensor& q_in, const at::Tensor& x,
+                                   const at::Tensor& e, const at::Tensor& moments, double beta, double alpha) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  return kron::kron_eigen_moments_impl(q_out, q_in, x, e, moments, beta, alpha);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(vmfdist, CUDA, m) {
+  m.impl("kron_eigen_ngd", &kron_eigen_ngd_cuda);
+  m.impl("kron_eigen_moments", &kron_eigen_moments_cuda);
   m.impl("kron_eigen_matvec", &kron_eigen_matvec_cuda);
   m.impl("kron_eigen_noise", &kron_eigen_noise_cuda);
   m.impl("kron_eigen_sample", &kron_eigen_sample_cuda);
