@@ -26,10 +26,12 @@ using kron::PowMode;
 
 constexpr int64_t kGrain = 32768;  // elements per task of the elementwise pass
 
+// The two passes below run through isa::dispatch (macros.h), once per parallel_for task.
+
 // t *= s^p over [0, rows * in) in stretches that stay inside one batch entry.
 template <PowMode M, typename scalar_t>
-VMF_TARGET_CLONES void scale_mul_range(scalar_t* t, const scalar_t* s, const BatchOffsets& offs, int64_t per_batch,
-                                       int64_t begin, int64_t end, double power) {
+void scale_mul_range(scalar_t* t, const scalar_t* s, const BatchOffsets& offs, int64_t per_batch, int64_t begin,
+                     int64_t end, double power) {
   using opmath_t = at::opmath_type<scalar_t>;
   const opmath_t p = static_cast<opmath_t>(power);
   int64_t i = begin;
@@ -45,8 +47,8 @@ VMF_TARGET_CLONES void scale_mul_range(scalar_t* t, const scalar_t* s, const Bat
 // One noise row: z[0, in) = E * s^p.  float32 draws its normals with the
 // vectorised float Box-Muller (the same values as kron::noise4).
 template <PowMode M, typename scalar_t>
-VMF_TARGET_CLONES void noise_row(scalar_t* z, const scalar_t* s, int64_t in, uint64_t seed, uint64_t offset,
-                                 uint64_t row, double power) {
+void noise_row(scalar_t* z, const scalar_t* s, int64_t in, uint64_t seed, uint64_t offset, uint64_t row,
+               double power) {
   using opmath_t = at::opmath_type<scalar_t>;
   const opmath_t p = static_cast<opmath_t>(power);
   if constexpr (std::is_same_v<scalar_t, float>) {
@@ -74,7 +76,7 @@ struct CpuBackend {
       const scalar_t* ps = s.const_data_ptr<scalar_t>();
       kron::dispatch_pow_mode(kron::pow_mode(power), [&]<PowMode M>() {
         at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
-          scale_mul_range<M, scalar_t>(pt, ps, offs, per_batch, begin, end, power);
+          isa::dispatch([&] { scale_mul_range<M, scalar_t>(pt, ps, offs, per_batch, begin, end, power); });
         });
       });
     });
@@ -92,11 +94,13 @@ struct CpuBackend {
       const scalar_t* ps = s.const_data_ptr<scalar_t>();
       kron::dispatch_pow_mode(kron::pow_mode(power), [&]<PowMode M>() {
         at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-          for (int64_t r = begin; r < end; ++r) {
-            const int64_t b = r / out, i = r - b * out;
-            noise_row<M, scalar_t>(pz + r * in, ps + offs(b) + i * in, in, seed, offset, static_cast<uint64_t>(r),
-                                   power);
-          }
+          isa::dispatch([&] {
+            for (int64_t r = begin; r < end; ++r) {
+              const int64_t b = r / out, i = r - b * out;
+              noise_row<M, scalar_t>(pz + r * in, ps + offs(b) + i * in, in, seed, offset, static_cast<uint64_t>(r),
+                                     power);
+            }
+          });
         });
       });
     });

@@ -1,7 +1,9 @@
 // CPU kernels of the fused radial noise (math and stream layout: vmfdist/radial.h).
 // No temporaries of the output's size: pass 1 writes the normals into the output
 // and sums their squares per chunk; pass 2 turns them into loc + scale eps coef in
-// place.  The backward pass regenerates eps chunk by chunk.
+// place.  The backward pass regenerates eps chunk by chunk.  Every parallel_for task
+// runs through isa::dispatch (macros.h): the normals and the loops over a chunk are
+// compiled for baseline x86-64 and for AVX2 + FMA, the copy chosen at run time.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -63,14 +65,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> radial_noise_cpu(const at::Tensor
     const int64_t grain = std::max<int64_t>(1, 65536 / kRadialChunk);
     // pass 1: normals into out, chunk sums of squares
     at::parallel_for(0, units, grain, [&](int64_t b, int64_t e) {
-      for (int64_t u = b; u < e; ++u) {
-        const int64_t t = u / nchunk, c = u % nchunk;
-        const int64_t start = c * kRadialChunk;
-        const int64_t n = std::min(kRadialChunk, lay.length - start);
-        scalar_t* dst = po + t * lay.length + start;  // (s, g) is contiguous: t * L
-        fast_normal::fill_normals<scalar_t>(sd, of, static_cast<uint64_t>(t), static_cast<uint32_t>(start / 4), n, dst);
-        partial[static_cast<size_t>(u)] = sum_squares(dst, n);
-      }
+      isa::dispatch([&] {
+        for (int64_t u = b; u < e; ++u) {
+          const int64_t t = u / nchunk, c = u % nchunk;
+          const int64_t start = c * kRadialChunk;
+          const int64_t n = std::min(kRadialChunk, lay.length - start);
+          scalar_t* dst = po + t * lay.length + start;  // (s, g) is contiguous: t * L
+          fast_normal::fill_normals<scalar_t>(sd, of, static_cast<uint64_t>(t), static_cast<uint32_t>(start / 4), n,
+                                              dst);
+          partial[static_cast<size_t>(u)] = sum_squares(dst, n);
+        }
+      });
     });
     // the factor of every group: chunk sums added in order
     at::parallel_for(0, streams, 256, [&](int64_t b, int64_t e) {
@@ -82,19 +87,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> radial_noise_cpu(const at::Tensor
     });
     // pass 2: out = loc + scale * eps * coef, in double, rounded once
     at::parallel_for(0, units, grain, [&](int64_t b, int64_t e) {
-      for (int64_t u = b; u < e; ++u) {
-        const int64_t t = u / nchunk, c = u % nchunk;
-        const int64_t start = c * kRadialChunk;
-        const int64_t n = std::min(kRadialChunk, lay.length - start);
-        const int64_t g = t % lay.groups;
-        scalar_t* dst = po + t * lay.length + start;
-        const int64_t j0 = g * lay.length + start;  // position in the event
-        const double k = pc[t];
-        for (int64_t i = 0; i < n; ++i) {
-          dst[i] = static_cast<scalar_t>(static_cast<double>(pm[j0 + i]) +
-                                         static_cast<double>(ps[j0 + i]) * (static_cast<double>(dst[i]) * k));
+      isa::dispatch([&] {
+        for (int64_t u = b; u < e; ++u) {
+          const int64_t t = u / nchunk, c = u % nchunk;
+          const int64_t start = c * kRadialChunk;
+          const int64_t n = std::min(kRadialChunk, lay.length - start);
+          const int64_t g = t % lay.groups;
+          scalar_t* dst = po + t * lay.length + start;
+          const int64_t j0 = g * lay.length + start;  // position in the event
+          const double k = pc[t];
+          for (int64_t i = 0; i < n; ++i) {
+            dst[i] = static_cast<scalar_t>(static_cast<double>(pm[j0 + i]) +
+                                           static_cast<double>(ps[j0 + i]) * (static_cast<double>(dst[i]) * k));
+          }
         }
-      }
+      });
     });
   });
   return {out, coef, seed_offset};
@@ -121,22 +128,26 @@ at::Tensor radial_noise_scale_grad_cpu(const at::Tensor& grad_in, const at::Tens
     at::parallel_for(0, units, 1, [&](int64_t b, int64_t e) {
       std::vector<scalar_t> eps(static_cast<size_t>(kRadialChunk));
       std::vector<double> acc(static_cast<size_t>(kRadialChunk));
-      for (int64_t u = b; u < e; ++u) {
-        const int64_t g = u / nchunk, c = u % nchunk;
-        const int64_t start = c * kRadialChunk;
-        const int64_t n = std::min(kRadialChunk, lay.length - start);
-        const int64_t j0 = g * lay.length + start;
-        std::fill(acc.begin(), acc.begin() + n, 0.0);
-        for (int64_t s = 0; s < S; ++s) {
-          const int64_t t = s * lay.groups + g;
-          fast_normal::fill_normals<scalar_t>(sd, of, static_cast<uint64_t>(t), static_cast<uint32_t>(start / 4), n,
-                                           eps.data());
-          const double k = pc[t];
-          const scalar_t* gs = pg + s * event + j0;
-          for (int64_t i = 0; i < n; ++i) acc[i] += static_cast<double>(gs[i]) * (static_cast<double>(eps[i]) * k);
+      scalar_t* pe = eps.data();
+      double* pa = acc.data();
+      isa::dispatch([&] {
+        for (int64_t u = b; u < e; ++u) {
+          const int64_t g = u / nchunk, c = u % nchunk;
+          const int64_t start = c * kRadialChunk;
+          const int64_t n = std::min(kRadialChunk, lay.length - start);
+          const int64_t j0 = g * lay.length + start;
+          for (int64_t i = 0; i < n; ++i) pa[i] = 0.0;
+          for (int64_t s = 0; s < S; ++s) {
+            const int64_t t = s * lay.groups + g;
+            fast_normal::fill_normals<scalar_t>(sd, of, static_cast<uint64_t>(t), static_cast<uint32_t>(start / 4), n,
+                                                pe);
+            const double k = pc[t];
+            const scalar_t* gs = pg + s * event + j0;
+            for (int64_t i = 0; i < n; ++i) pa[i] += static_cast<double>(gs[i]) * (static_cast<double>(pe[i]) * k);
+          }
+          for (int64_t i = 0; i < n; ++i) po[j0 + i] = static_cast<scalar_t>(pa[i]);
         }
-        for (int64_t i = 0; i < n; ++i) po[j0 + i] = static_cast<scalar_t>(acc[i]);
-      }
+      });
     });
   });
   return out;
