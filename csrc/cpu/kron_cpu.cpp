@@ -1,5 +1,5 @@
-// CPU kernels of the Kronecker-eigenbasis ops: the matrix products and the
-// orchestration are shared with CUDA (vmfdist/kron_host.h); this file supplies the
+// CPU kernels of the Kronecker-eigenbasis ops: the matrix products, the
+// orchestration and the operators are shared with CUDA (host/kron_host.h); this file supplies the
 // two fused elementwise passes as at::parallel_for loops over the math of
 // vmfdist/kron.h.  The noise depends only on (seed, offset, row), so any thread
 // count gives the same tensor.
@@ -66,7 +66,7 @@ void noise_row(scalar_t* z, const scalar_t* s, int64_t in, uint64_t seed, uint64
   }
 }
 
-struct CpuBackend {
+struct CpuBackend : CpuSeeds {
   static void scale_mul(at::Tensor& t, const at::Tensor& s, const BatchOffsets& offs, int64_t out, int64_t in,
                         double power) {
     const int64_t per_batch = out * in;
@@ -81,8 +81,6 @@ struct CpuBackend {
       });
     });
   }
-
-  using Seed = SeedOffset;
 
   static void noise(at::Tensor& z, const at::Tensor& s, const BatchOffsets& offs, int64_t out, int64_t in,
                     const Seed& so, double power) {
@@ -107,35 +105,12 @@ struct CpuBackend {
   }
 };
 
-at::Tensor kron_eigen_matvec_cpu(const at::Tensor& q_out, const at::Tensor& q_in, const at::Tensor& scale,
-                                 const at::Tensor& v, double power) {
-  return kron::kron_eigen_matvec_impl<CpuBackend>(q_out, q_in, scale, v, power);
-}
-
-at::Tensor kron_eigen_noise_cpu(const at::Tensor& variance, c10::SymIntArrayRef size, const at::Tensor& seed_offset,
-                                double power) {
-  const SeedOffset so = read_seed_offset_cpu("kron_eigen_noise", seed_offset, 1);
-  return kron::kron_eigen_noise_impl<CpuBackend>(variance, C10_AS_INTARRAYREF_SLOW(size), so, power);
-}
-
-std::tuple<at::Tensor, at::Tensor> kron_eigen_sample_cpu(const at::Tensor& loc, const at::Tensor& q_out,
-                                                         const at::Tensor& q_in, const at::Tensor& variance,
-                                                         c10::SymInt num_samples,
-                                                         std::optional<at::Generator> generator,
-                                                         std::optional<int64_t> seed,
-                                                         std::optional<int64_t> offset) {
-  const int64_t n = num_samples.expect_int();
-  TORCH_CHECK(n >= 0, "kron_eigen_sample: num_samples must be non-negative, got ", n);
-  const SeedOffset so = cpu_seed_offset("kron_eigen_sample", generator, seed, offset, 1);
-  return {kron::kron_eigen_sample_impl<CpuBackend>(loc, q_out, q_in, variance, n, so), cpu_seed_offset_tensor(so)};
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(vmfdist, CPU, m) {
-  m.impl("kron_eigen_matvec", &kron_eigen_matvec_cpu);
-  m.impl("kron_eigen_noise", &kron_eigen_noise_cpu);
-  m.impl("kron_eigen_sample", &kron_eigen_sample_cpu);
+  m.impl("kron_eigen_matvec", &kron::Ops<CpuBackend>::matvec);
+  m.impl("kron_eigen_noise", &kron::Ops<CpuBackend>::noise);
+  m.impl("kron_eigen_sample", &kron::Ops<CpuBackend>::sample);
 }
 
 }  // namespace vmfdist

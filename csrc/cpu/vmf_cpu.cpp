@@ -17,7 +17,7 @@
 #include "vmfdist/fast_normal.h"
 #include "vmfdist/vmf.h"
 #include "host/random_state.h"
-#include "host/vmf_checks.h"
+#include "host/vmf_host.h"
 
 namespace vmfdist {
 namespace {
@@ -142,36 +142,29 @@ void sample_rows(const scalar_t* pm, const scalar_t* pk, int64_t B, int64_t d, u
   }
 }
 
-std::tuple<at::Tensor, at::Tensor> vmf_sample_cpu(const at::Tensor& loc_in, const at::Tensor& kappa_in,
-                                                  c10::SymInt num_samples_in, std::optional<at::Generator> generator,
-                                                  std::optional<int64_t> seed_in, std::optional<int64_t> offset_in) {
-  const int64_t num_samples = num_samples_in.expect_int();
-  check_vmf_sample_args(loc_in, kappa_in, num_samples);
-  const SeedOffset so = cpu_seed_offset("vmf_sample", generator, seed_in, offset_in, 2);
-  const uint64_t seed = so.seed, offset = so.offset;
-  const at::Tensor loc = loc_in.contiguous(), kappa = kappa_in.contiguous();
-  const int64_t B = loc.size(0), d = loc.size(1);
-  at::Tensor x = at::empty({num_samples, B, d}, loc.options());
-  at::Tensor omw = at::empty({num_samples, B}, loc.options());
-  const int64_t rows = num_samples * B;
-  if (rows == 0) return {x, omw};
-  const int64_t grain = std::max<int64_t>(1, 16384 / d);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, loc.scalar_type(), "vmf_sample", [&] {
-    const scalar_t* pm = loc.const_data_ptr<scalar_t>();
-    const scalar_t* pk = kappa.const_data_ptr<scalar_t>();
-    scalar_t* px = x.mutable_data_ptr<scalar_t>();
-    scalar_t* po = omw.mutable_data_ptr<scalar_t>();
-    at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-      isa::dispatch([&] { sample_rows<scalar_t>(pm, pk, B, d, seed, offset, begin, end, px, po); });
+// The kernel of vmf::Ops (host/vmf_host.h, shared with CUDA).
+struct CpuVmf : CpuSeeds {
+  static void sample(at::Tensor& x, at::Tensor& omw, const at::Tensor& loc, const at::Tensor& kappa,
+                     const SeedOffset& so) {
+    const uint64_t seed = so.seed, offset = so.offset;
+    const int64_t B = loc.size(0), d = loc.size(1), rows = x.size(0) * B;
+    const int64_t grain = std::max<int64_t>(1, 16384 / d);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, loc.scalar_type(), "vmf_sample", [&] {
+      const scalar_t* pm = loc.const_data_ptr<scalar_t>();
+      const scalar_t* pk = kappa.const_data_ptr<scalar_t>();
+      scalar_t* px = x.mutable_data_ptr<scalar_t>();
+      scalar_t* po = omw.mutable_data_ptr<scalar_t>();
+      at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+        isa::dispatch([&] { sample_rows<scalar_t>(pm, pk, B, d, seed, offset, begin, end, px, po); });
+      });
     });
-  });
-  return {x, omw};
-}
+  }
+};
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(vmfdist, CPU, m) {
-  m.impl("vmf_sample", &vmf_sample_cpu);
+  m.impl("vmf_sample", &vmf::Ops<CpuVmf>::sample);
 }
 
 }  // namespace vmfdist
