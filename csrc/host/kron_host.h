@@ -9,8 +9,8 @@
 //     // batch entry b starts at offs(b), rows grouped as (batch, out):
 //     static void scale_mul(at::Tensor& t, const at::Tensor& s, const kron::BatchOffsets& offs,
 //                           int64_t out, int64_t in, double power);
-//     // how the kernels receive [seed, offset] (CPU: the values; CUDA: a device pointer):
-//     using Seed = ...;
+//     // the seed interface (CpuSeeds, host/random_state.h, or CudaSeeds): Seed is how
+//     // the kernels receive [seed, offset] (CPU: the values; CUDA: a device pointer)
 //     // z (rows * in, contiguous) = E * s^p, E the Philox noise of kron.h:
 //     static void noise(at::Tensor& z, const at::Tensor& s, const kron::BatchOffsets& offs,
 //                       int64_t out, int64_t in, const Seed& seed_offset, double power);
@@ -22,7 +22,8 @@
 // buf Q_in^T -> out, out += loc).  Bases shared by the whole batch (2-D q_out or
 // q_in) are never copied: a left product is one strided-batched GEMM over a
 // stride-0 view of the basis, a right product one GEMM over the folded
-// (batch * out, in) matrix.
+// (batch * out, in) matrix.  kron::Ops<Backend> at the end are the operators themselves,
+// registered by both backends.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -425,6 +426,49 @@ inline at::Tensor kron_eigen_moments_impl(const at::Tensor& q_out, const at::Ten
   const at::Tensor ep = at::mm(e, q_out).square_();
   return at::addmm(moments, ep.mT(), xp, beta, alpha);
 }
+
+// The operators of one backend (its device guard, seed and passes, see the top).
+template <class Backend>
+struct Ops {
+  static at::Tensor matvec(const at::Tensor& q_out, const at::Tensor& q_in, const at::Tensor& scale,
+                           const at::Tensor& v, double power) {
+    const typename Backend::Guard guard(v.device());
+    return kron_eigen_matvec_impl<Backend>(q_out, q_in, scale, v, power);
+  }
+
+  static at::Tensor noise(const at::Tensor& variance, c10::SymIntArrayRef size, const at::Tensor& seed_offset,
+                          double power) {
+    const typename Backend::Guard guard(variance.device());
+    const auto so = Backend::read("kron_eigen_noise", seed_offset, 1, variance.device());
+    return kron_eigen_noise_impl<Backend>(variance, C10_AS_INTARRAYREF_SLOW(size), so, power);
+  }
+
+  static std::tuple<at::Tensor, at::Tensor> sample(const at::Tensor& loc, const at::Tensor& q_out,
+                                                   const at::Tensor& q_in, const at::Tensor& variance,
+                                                   c10::SymInt num_samples, std::optional<at::Generator> generator,
+                                                   std::optional<int64_t> seed, std::optional<int64_t> offset) {
+    const int64_t n = num_samples.expect_int();
+    TORCH_CHECK(n >= 0, "kron_eigen_sample: num_samples must be non-negative, got ", n);
+    const typename Backend::Guard guard(loc.device());
+    const auto drawn = Backend::draw("kron_eigen_sample", generator, seed, offset, 1, loc.device());
+    return {kron_eigen_sample_impl<Backend>(loc, q_out, q_in, variance, n, drawn.seed), drawn.tensor()};
+  }
+
+  static std::tuple<at::Tensor, at::Tensor> ngd(const at::Tensor& q_out, const at::Tensor& q_in,
+                                                const at::Tensor& scale, double damping, const at::Tensor& w,
+                                                double weight_decay, const std::optional<at::Tensor>& grad,
+                                                const std::optional<at::Tensor>& grad_out,
+                                                const std::optional<at::Tensor>& grad_in) {
+    const typename Backend::Guard guard(w.device());
+    return kron_eigen_ngd_impl<Backend>(q_out, q_in, scale, damping, w, weight_decay, grad, grad_out, grad_in);
+  }
+
+  static at::Tensor moments(const at::Tensor& q_out, const at::Tensor& q_in, const at::Tensor& x,
+                            const at::Tensor& e, const at::Tensor& moments, double beta, double alpha) {
+    const typename Backend::Guard guard(x.device());
+    return kron_eigen_moments_impl(q_out, q_in, x, e, moments, beta, alpha);
+  }
+};
 
 }  // namespace kron
 }  // namespace vmfdist

@@ -37,17 +37,23 @@ def _kron_batch(op, **named):
         raise RuntimeError(f"{op}: the batch shapes do not broadcast: {shapes}") from None
 
 
+def _kron_operands(op, x_name, x, q_out, q_in, s_name, s):
+    """The checks of the two fake kernels below (as csrc/host/kron_host.h makes them): x of shape
+    (..., out, in), the eigenbases q_out, q_in and s (the eigenvalues) broadcasting to x.
+    Returns (out, in, the promoted dtype, the broadcast batch shape)."""
+    named = {x_name: x, "q_out": q_out, "q_in": q_in, s_name: s}
+    _check_same_device(op, **named)
+    torch._check(x.dim() >= 2, lambda: f"{op}: {x_name} must have shape (..., out, in), got {tuple(x.shape)}")
+    o, i = x.shape[-2], x.shape[-1]
+    _kron_check_matrix(op, "q_out", q_out, o, o, f"the out x out eigenbasis, out = {x_name}.size(-2)")
+    _kron_check_matrix(op, "q_in", q_in, i, i, f"the in x in eigenbasis, in = {x_name}.size(-1)")
+    _kron_check_bcast(op, s_name, s, o, i, f"the eigenvalues, like {x_name}")
+    return o, i, _kron_promote(op, **named), _kron_batch(op, **named)
+
+
 @torch.library.register_fake("vmfdist::kron_eigen_matvec")
 def _(q_out, q_in, scale, v, power=1.0):
-    op = "kron_eigen_matvec"
-    _check_same_device(op, v=v, q_out=q_out, q_in=q_in, scale=scale)
-    torch._check(v.dim() >= 2, lambda: f"{op}: v must have shape (..., out, in), got {tuple(v.shape)}")
-    o, i = v.shape[-2], v.shape[-1]
-    _kron_check_matrix(op, "q_out", q_out, o, o, "the out x out eigenbasis, out = v.size(-2)")
-    _kron_check_matrix(op, "q_in", q_in, i, i, "the in x in eigenbasis, in = v.size(-1)")
-    _kron_check_bcast(op, "scale", scale, o, i, "the eigenvalues, like v")
-    dt = _kron_promote(op, v=v, q_out=q_out, q_in=q_in, scale=scale)
-    batch = _kron_batch(op, v=v, q_out=q_out, q_in=q_in, scale=scale)
+    o, i, dt, batch = _kron_operands("kron_eigen_matvec", "v", v, q_out, q_in, "scale", scale)
     return v.new_empty(tuple(batch) + (o, i), dtype=dt)
 
 
@@ -62,15 +68,8 @@ def _(variance, size, seed_offset, power=0.5):
 @torch.library.register_fake("vmfdist::kron_eigen_sample")
 def _(loc, q_out, q_in, variance, num_samples, *, generator=None, seed=None, offset=None):
     op = "kron_eigen_sample"
-    _check_same_device(op, loc=loc, q_out=q_out, q_in=q_in, variance=variance)
-    torch._check(loc.dim() >= 2, lambda: f"{op}: loc must have shape (..., out, in), got {tuple(loc.shape)}")
-    o, i = loc.shape[-2], loc.shape[-1]
-    _kron_check_matrix(op, "q_out", q_out, o, o, "the out x out eigenbasis, out = loc.size(-2)")
-    _kron_check_matrix(op, "q_in", q_in, i, i, "the in x in eigenbasis, in = loc.size(-1)")
-    _kron_check_bcast(op, "variance", variance, o, i, "the eigenvalues, like loc")
     torch._check(num_samples >= 0, lambda: f"{op}: num_samples must be non-negative, got {num_samples}")
-    dt = _kron_promote(op, loc=loc, q_out=q_out, q_in=q_in, variance=variance)
-    batch = _kron_batch(op, loc=loc, q_out=q_out, q_in=q_in, variance=variance)
+    o, i, dt, batch = _kron_operands(op, "loc", loc, q_out, q_in, "variance", variance)
     return loc.new_empty((num_samples,) + tuple(batch) + (o, i), dtype=dt), loc.new_empty((2,), dtype=torch.int64)
 
 
