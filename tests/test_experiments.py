@@ -154,6 +154,48 @@ def test_settings_overrides(tmp_path):
     assert a["datasets"]["toy"]["bbb"]["test_ll"] != b["datasets"]["toy"]["bbb"]["test_ll"]
 
 
+
+@pytest.mark.parametrize("kl_weight", [1.0, 0.3, 0.1])
+def test_noise_posterior_maximises_the_tempered_objective(kl_weight):
+    """The noisy methods' q(tau) update is the maximiser over Gamma(a, b) of
+    N/2 (psi(a) - log b) - (a/b) SSE/2 - lambda KL(Gamma(a, b) || Gamma(6, 6)), found here by
+    numerical optimisation of that objective written with scipy (closed-form Gamma KL)."""
+    from scipy import optimize, special
+
+    n, sse, (a0, b0) = 300, 17.0, uci.GAMMA_PRIOR
+
+    def neg(theta):
+        a, b = np.exp(theta)
+        kl = ((a - a0) * special.digamma(a) - special.gammaln(a) + special.gammaln(a0)
+              + a0 * (np.log(b) - np.log(b0)) + a * (b0 - b) / b)
+        return -(0.5 * n * (special.digamma(a) - np.log(b)) - 0.5 * sse * a / b - kl_weight * kl)
+
+    best = optimize.minimize(neg, np.log([50.0, 5.0]), method="Nelder-Mead",
+                             options=dict(xatol=1e-10, fatol=1e-12, maxiter=20000)).x
+    a, b = uci.noise_posterior(n, sse, kl_weight)
+    assert (a, b) == pytest.approx(tuple(np.exp(best)), rel=1e-5)
+    if kl_weight == 1.0:
+        assert (a, b) == (a0 + n / 2, b0 + sse / 2)
+
+
+def test_settings_precedence(monkeypatch, tmp_path):
+    """SETTINGS, then DATASET_SETTINGS, then --set; epochs = --epochs or epoch_factor * n_epochs.txt;
+    kfac-laplace runs with the map settings (it is fitted around the map network)."""
+    monkeypatch.setitem(uci.DATASET_SETTINGS, "toy", {"bbb": {"kl_weight": 0.7, "epoch_factor": 3.0}})
+    assert uci.settings_for("other", "bbb") == uci.SETTINGS["bbb"]
+    hp = uci.settings_for("toy", "bbb")
+    assert hp["kl_weight"] == 0.7 and hp["lr"] == uci.SETTINGS["bbb"]["lr"]
+    assert uci.settings_for("toy", "bbb", {"bbb": {"kl_weight": 0.2}})["kl_weight"] == 0.2
+    assert uci.settings_for("toy", "kfac-laplace") == uci.settings_for("toy", "map")
+    _fake_uci(tmp_path)
+    data = uci.load_dataset("toy", str(tmp_path))  # n_epochs.txt: 2
+    assert uci.epochs_for(data, hp) == 6 and uci.epochs_for(data, hp, 5) == 5
+    cli.main(["uci", "--data-dir", str(tmp_path), "--methods", "bbb", "--splits", "0", "--jobs", "1",
+              "--out", str(tmp_path / "o")])
+    rec = json.loads((tmp_path / "o" / "uci.json").read_text())["datasets"]["toy"]["bbb"]["settings"]
+    assert rec == dict(hp, epochs=6)
+
+
 # ---- the digits experiments (smoke versions: tiny epochs; the full runs are recorded in docs) ----
 sklearn = pytest.importorskip("sklearn")
 
