@@ -52,6 +52,12 @@ TORCH_LIBRARY(vmfdist, m) {
   // dw/dkappa of the vMF marginal on S^{dim-1} at w = 1 - one_minus_w (implicit
   // reparameterisation; elementwise, broadcasting).
   m.def("vmf_marginal_grad(Tensor one_minus_w, Tensor concentration, int dim) -> Tensor");
+  // The backward of vmf_sample (implicit reparameterisation, vmf.h): from the gradients of
+  // its outputs (grad_one_minus_w may be None) and the sample itself, returns (d/dloc (batch, d),
+  // d/dconcentration (batch,)), summed over samples; an output not asked for (loc_grad,
+  // concentration_grad false) is an empty (0,) tensor.  No derivative of its own.
+  m.def("vmf_sample_backward(Tensor grad_x, Tensor? grad_one_minus_w, Tensor loc, Tensor concentration, "
+        "Tensor x, Tensor one_minus_w, bool loc_grad=True, bool concentration_grad=True) -> (Tensor, Tensor)");
 
   // ---- Radial noise (csrc/include/vmfdist/radial.h) ----
   // out[s] = loc + scale * eps_s * r_s / |eps_s| (|.| over the event, or per row of the

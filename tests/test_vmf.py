@@ -465,6 +465,97 @@ def test_double_backward():
         torch.autograd.grad(x[..., 0].sum(), k, create_graph=True)
 
 
+def _sample_backward_reference(grad_x, grad_omw, loc, kappa, x, omw):
+    """The backward of vmf_sample written with PyTorch ops: loc by autograd through the reflection
+    x = Q(loc/|loc|) y with y = Q x held fixed; kappa by dL/dw times vmf_marginal_grad (tested
+    against mpmath quadrature above), dL/dw from the rotated gradient."""
+    mu = loc / torch.linalg.vector_norm(loc, dim=-1, keepdim=True)
+    y = householder(mu, x)
+    gq = householder(mu, grad_x)
+    w, one_m_w2 = 1 - omw, omw * (2 - omw)
+    tang = (gq[..., 1:] * y[..., 1:]).sum(-1)
+    dl_dw = gq[..., 0] - torch.where(one_m_w2 > 0, w * tang / torch.where(one_m_w2 > 0, one_m_w2, 1.0), 0.0)
+    if grad_omw is not None:
+        dl_dw = dl_dw - grad_omw
+    gk = (dl_dw * lib.vmf_marginal_grad(omw, kappa, loc.shape[-1])).sum(0)
+    loc_ = loc.detach().requires_grad_(True)
+    xr = householder(loc_ / torch.linalg.vector_norm(loc_, dim=-1, keepdim=True), y)
+    (gl,) = torch.autograd.grad(xr, loc_, grad_x)
+    return gl, gk
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("d", [2, 3, 5, 64])
+def test_sample_backward_matches_reference(d, dtype):
+    """The fused backward op (vmf_sample_backward) against the same map written with PyTorch ops, for
+    loc = +-e_1, mu_0 = 0, non-unit loc, kappa = 0 and large, several samples per row, with and without a
+    gradient for the second output; and the flags that skip a gradient."""
+    g = torch.Generator().manual_seed(d)
+    locs = [unit(d, 1), unit(d, 2, first=1.0), unit(d, 3, first=-1.0), unit(d, 4, first=0.0), 3.7 * unit(d, 5),
+            unit(d, 6, first=-0.3)]
+    loc = torch.stack(locs).to(dtype)
+    kap = torch.tensor([2.0, 50.0, 0.0, 7.0, 1e4, 0.3], dtype=dtype)
+    x, omw = lib.vmf_sample(loc, kap, 4, seed=5, offset=2)
+    gx = torch.randn(x.shape, generator=g, dtype=F64).to(dtype)
+    go = torch.randn(omw.shape, generator=g, dtype=F64).to(dtype)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-11, atol=1e-11)
+    for grad_omw in (None, go):
+        gl, gk = lib.vmf_sample_backward(gx, grad_omw, loc, kap, x, omw, True, True)
+        rl, rk = _sample_backward_reference(gx.double(), None if grad_omw is None else grad_omw.double(), loc.double(),
+                                            kap.double(), x.double(), omw.double())
+        assert gl.dtype == dtype and gk.dtype == dtype
+        torch.testing.assert_close(gl.double(), rl, **tol)
+        torch.testing.assert_close(gk.double(), rk, **tol)
+    only_loc = lib.vmf_sample_backward(gx, None, loc, kap, x, omw, True, False)
+    only_kappa = lib.vmf_sample_backward(gx, None, loc, kap, x, omw, False, True)
+    both = lib.vmf_sample_backward(gx, None, loc, kap, x, omw)
+    assert only_loc[1].shape == (0,) and only_kappa[0].shape == (0,)
+    assert torch.equal(only_loc[0], both[0]) and torch.equal(only_kappa[1], both[1])
+
+
+def test_sample_backward_loc_scale_and_side():
+    """d/dloc is (I - mu mu^T) d/dmu / |loc|: exactly scaled for loc far outside [2^-480, 2^480] (the
+    kernels rescale by a power of two), and at mu_0 = 0, where the reflection Q(mu) changes, it is the
+    derivative on the side of the reflection used (mu_0 >= 0), checked by a one-sided finite difference."""
+    d = 6
+    loc = torch.stack([unit(d, 1), unit(d, 2, first=0.0)])
+    kap = torch.tensor([3.0, 20.0], dtype=F64)
+    x, omw = lib.vmf_sample(loc, kap, 3, seed=8, offset=0)
+    gx = torch.randn(x.shape, generator=torch.Generator().manual_seed(1), dtype=F64)
+    gl, gk = lib.vmf_sample_backward(gx, None, loc, kap, x, omw)
+    for c in (2.0 ** 700, 2.0 ** -700):
+        xs, os = lib.vmf_sample(loc * c, kap, 3, seed=8, offset=0)
+        gls, gks = lib.vmf_sample_backward(gx, None, loc * c, kap, xs, os)
+        torch.testing.assert_close(gls * c, gl, rtol=1e-14, atol=0)
+        torch.testing.assert_close(gks, gk, rtol=1e-14, atol=0)
+    # mu_0 = 0 (row 1): a one-sided difference from the mu_0 > 0 side, same streams
+    h = 1e-7
+    lp = loc.clone()
+    lp[1, 0] += h
+    xp, _ = lib.vmf_sample(lp, kap, 3, seed=8, offset=0)
+    fd = float(((xp - x) * gx).sum()) / h
+    assert abs(fd - float(gl[1, 0])) <= 1e-5 * max(1.0, abs(fd))
+    # the double-backward path (autograd through householder) gives the same one-sided derivative
+    loc_ = loc.clone().requires_grad_(True)
+    xr = lib.vmf_sample(loc_, kap, 3, seed=8, offset=0)[0]
+    (g2,) = torch.autograd.grad(xr, loc_, gx, create_graph=True)
+    torch.testing.assert_close(g2.detach(), gl, rtol=1e-12, atol=1e-12)
+
+
+def test_sample_backward_opcheck():
+    loc = torch.stack([unit(5, 1), unit(5, 2, first=-1.0)])
+    kap = torch.tensor([1.0, 30.0], dtype=F64)
+    x, omw = lib.vmf_sample(loc, kap, 3, seed=1, offset=0)
+    gx = torch.randn_like(x)
+    for args in ((gx, None, loc, kap, x, omw, True, True), (gx, torch.randn_like(omw), loc, kap, x, omw, False, True)):
+        torch.library.opcheck(lib.vmf_sample_backward, args,
+                              test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+    with pytest.raises(RuntimeError, match="grad_x must have the shape of x"):
+        lib.vmf_sample_backward(gx[:2], None, loc, kap, x, omw)
+    with pytest.raises(RuntimeError, match="one_minus_w must have loc's dtype"):
+        lib.vmf_sample_backward(gx, None, loc, kap, x, omw.float())
+
+
 def test_seed_and_offset_ranges():
     """Issue 14: vmf_sample(..., 2**63 - 1) was accepted (offset + 1 < 2^48 overflowed) and reused the streams
     of other offsets.  The op uses offsets offset and offset + 1: both must be below 2^48."""
@@ -682,6 +773,14 @@ def test_cuda_matches_cpu(dtype):
         g_cpu = lib.vmf_marginal_grad(o_cpu, kap, d)
         g_gpu = lib.vmf_marginal_grad(o_cpu.cuda(), kap.cuda(), d).cpu()
         torch.testing.assert_close(g_gpu, g_cpu, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=0)
+        # the fused backward on the same (CPU) sample
+        gx = torch.randn(x_cpu.shape, generator=torch.Generator().manual_seed(d), dtype=F64).to(dtype)
+        go = torch.randn(o_cpu.shape, generator=torch.Generator().manual_seed(d + 1), dtype=F64).to(dtype)
+        b_cpu = lib.vmf_sample_backward(gx, go, loc, kap, x_cpu, o_cpu)
+        b_gpu = lib.vmf_sample_backward(gx.cuda(), go.cuda(), loc.cuda(), kap.cuda(), x_cpu.cuda(), o_cpu.cuda())
+        for a, b in zip(b_cpu, b_gpu):
+            torch.testing.assert_close(b.cpu(), a, rtol=1e-4 if dtype == torch.float32 else 1e-10,
+                                       atol=1e-4 if dtype == torch.float32 else 1e-10)
 
 
 # ---------------------------------------------------------------------------

@@ -27,6 +27,15 @@ def _(one_minus_w, concentration, dim):
     return _binary_result(one_minus_w, concentration, "vmf_marginal_grad", ("one_minus_w", "concentration"))
 
 
+@torch.library.register_fake("vmfdist::vmf_sample_backward")
+def _(grad_x, grad_one_minus_w, loc, concentration, x, one_minus_w, loc_grad=True, concentration_grad=True):
+    _check_same_device("vmf_sample_backward", loc=loc, concentration=concentration, x=x, grad_x=grad_x,
+                       one_minus_w=one_minus_w)
+    torch._check(loc.dim() == 2 and x.dim() == 3, lambda: "vmf_sample_backward: loc must be (batch, d), x (n, batch, d)")
+    b, d = loc.shape
+    return (loc.new_empty((b, d) if loc_grad else (0,)), loc.new_empty((b,) if concentration_grad else (0,)))
+
+
 def householder(mu: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     r"""Apply the reflection :math:`Q(\mu)` with :math:`Q e_1 = \mu` (unit ``mu``) to ``y``.
 
@@ -38,7 +47,7 @@ def householder(mu: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """
     mu0 = mu[..., :1]
     sgn = torch.where(mu0 >= 0, -1.0, 1.0).to(y.dtype)
-    den = 1.0 + mu0.abs()
+    den = 1.0 - sgn * mu0  # = 1 + |mu0|, differentiated on the side of the reflection used (also at mu0 = 0)
     sigma = y[..., :1] * den - sgn * (mu[..., 1:] * y[..., 1:]).sum(-1, keepdim=True)
     return torch.cat([sgn * (y[..., :1] - sigma), sgn * y[..., 1:] + mu[..., 1:] * (sigma / den)], dim=-1)
 
@@ -51,11 +60,12 @@ def _vmf_sample_setup(ctx, inputs, keyword_only_inputs, output):
 
 def _vmf_sample_backward(ctx, grad_x, grad_omw):
     """Implicit reparameterisation: x = Q(mu/|mu|) (w, sqrt(1 - w^2) v) with the noise
-    (the quantile of w and the direction v) held fixed.  dw/dkappa comes from the
-    vmf_marginal_grad kernel; the rotation is differentiated by autograd.
+    (the quantile of w and the direction v) held fixed, dw/dkappa from the marginal's CDF.
 
-    Higher derivatives: with respect to loc alone they are exact (x = Q(loc/|loc|) y with
-    the unrotated sample y held fixed, differentiated by autograd with create_graph); with
+    A first derivative is one fused op, ``vmf_sample_backward`` (the closed forms in
+    ``csrc/include/vmfdist/vmf.h``).  Higher derivatives: with respect to loc alone they are
+    exact (with create_graph, x = Q(loc/|loc|) y with the unrotated sample y held fixed is
+    differentiated by autograd below, the same map written with differentiable ops); with
     respect to the concentration the formula uses the vmf_marginal_grad kernel, which has
     no derivative, so a double backward that needs them raises (_once_differentiable)
     instead of returning 0."""
@@ -67,6 +77,10 @@ def _vmf_sample_backward(ctx, grad_x, grad_omw):
     grad_loc = grad_kappa = None
     if grad_x is None:
         grad_x = torch.zeros_like(x)
+    if not create:
+        gl, gk = lib.vmf_sample_backward(grad_x, grad_omw, loc, kappa, x, omw, ctx.needs_input_grad[0],
+                                         ctx.needs_input_grad[1])
+        return (gl if ctx.needs_input_grad[0] else None), (gk if ctx.needs_input_grad[1] else None), None
     with torch.no_grad():
         mu_hat = loc / torch.linalg.vector_norm(loc, dim=-1, keepdim=True)
         y = householder(mu_hat, x)  # Q is an involution: the unrotated sample

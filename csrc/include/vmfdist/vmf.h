@@ -225,6 +225,62 @@ VMF_INLINE RowRotation row_rotation(double w, double omw, double opw, double ee,
   return t;
 }
 
+// ---- The backward of vmf_sample (csrc/cpu/vmf_cpu.cpp, csrc/cuda/vmf_cuda.cu) ----
+// With the unrotated sample y = Q(mu) x held fixed (Q is its own inverse) and mu = loc/|loc|,
+// write Q(mu) = sgn (I - v v^T / den) with v = e_1 - sgn mu (v_0 = den = 1 + |mu_0|,
+// v_i = -sgn mu_i, |v|^2 = 2 den).  For the gradient g of one sample row x:
+//   d(g.x)/dmu  = (g (v.y) + y (g.v)) / den - e_1 (g.v)(v.y) / den^2,   v.y = -sgn v.x,
+// and the marginal w = y_0 moves with kappa along (w, sqrt(1 - w^2) t), t fixed:
+//   d(g.x)/dw   = (Q g)_0 - w sum_{i>=1} (Q g)_i y_i / (1 - w^2)     (0 where 1 - w^2 = 0),
+// times dw/dkappa (dw_dkappa below).  Per row, from vx = v.x and vg = v.g, with
+// a = vx / den and q = vg / den:  y_0 = sgn (x_0 - vx), y_i = sgn x_i + mu_i a,
+// (Q g)_0 = sgn (g_0 - vg), (Q g)_i = sgn g_i + mu_i q  (i >= 1), and the row adds
+//   -sgn a g_i + q y_i  to the mu-gradient (plus sgn a q at i = 0).
+// Finally d/dloc = (I - mu mu^T) (d/dmu) / |loc|.  (vmfdist/_ops/vmf.py writes the same map
+// with autograd for the double backward.)
+
+// Per batch row: mu_i = loc_i * f (f = 1/|loc|, with the scaling of loc_needs_scaling),
+// the reflection's sign and den.
+struct LocFrame {
+  double f, sgn, den;
+};
+
+VMF_INLINE LocFrame loc_frame(double mm_scaled, double loc_scale, double loc0) {
+  LocFrame t;
+  t.f = loc_scale / ::sqrt(mm_scaled);
+  const Reflection r = reflection(loc0 * t.f);
+  t.sgn = r.sgn;
+  t.den = r.den;
+  return t;
+}
+
+// v.e for e = x or g, given e_0 and sum_{i>=1} mu_i e_i.
+VMF_INLINE double v_dot(const LocFrame& t, double e0, double mu_dot_tail) {
+  return t.den * e0 - t.sgn * mu_dot_tail;
+}
+
+// The coefficients of one row: a = v.x / den, q = v.g / den, y_0 and (Q g)_0.
+struct RowBackward {
+  double a, q, y0, gq0;
+};
+
+VMF_INLINE RowBackward row_backward(const LocFrame& t, double x0, double g0, double vx, double vg) {
+  RowBackward r;
+  r.a = vx / t.den;
+  r.q = vg / t.den;
+  r.y0 = t.sgn * (x0 - vx);
+  r.gq0 = t.sgn * (g0 - vg);
+  return r;
+}
+
+// d(g.x)/dw from (Q g)_0, tang = sum_{i>=1} (Q g)_i y_i and 1 - w; minus the gradient of
+// the op's second output 1 - w.
+VMF_INLINE double marginal_dl_dw(double gq0, double tang, double omw, double grad_omw) {
+  const double one_m_w2 = omw * (2.0 - omw);
+  const double t = one_m_w2 > 0.0 ? (1.0 - omw) * tang / one_m_w2 : 0.0;
+  return gq0 - t - grad_omw;
+}
+
 // ---------------------------------------------------------------------------
 // Implicit reparameterisation of the marginal (Figurnov, Mohamed & Mnih 2018).
 //
@@ -278,11 +334,12 @@ VMF_INLINE double tail_cut(const AngleSide& s, double xmax) {
   return hi;
 }
 
-VMF_INLINE double dw_dkappa(double omw, double kappa, double d) {
+// c = 1 - A_d(kappa) = bessel::iv_ratio(d / 2, kappa, true), which callers with many rows
+// of one kappa compute once (dw_dkappa_c); dw_dkappa computes it.
+VMF_INLINE double dw_dkappa_c(double omw, double kappa, double d, double c) {
   if (is_nan(omw) || is_nan(kappa) || is_nan(d) || kappa < 0.0 || d < 2.0 || omw < 0.0 || omw > 2.0) return NAN;
   if (omw == 0.0 || omw == 2.0 || is_inf(kappa)) return 0.0;
   const double m2 = d - 2.0;
-  const double c = bessel::iv_ratio(0.5 * d, kappa, true);  // 1 - A
   const double theta = omw < 0.5 ? 2.0 * ::asin(::sqrt(0.5 * omw)) : ::acos(1.0 - omw);
   double cmode = 1.0;  // cos of the mode (d = 2, or the uniform circle)
   if (m2 > 0.0) cmode = 2.0 * kappa / (m2 + ::hypot(m2, 2.0 * kappa));
@@ -314,6 +371,12 @@ VMF_INLINE double dw_dkappa(double omw, double kappa, double d) {
     a = bnd;
   }
   return -s.sign * ::sin(theta) * sum;
+}
+
+VMF_INLINE double dw_dkappa(double omw, double kappa, double d) {
+  if (is_nan(omw) || is_nan(kappa) || is_nan(d) || kappa < 0.0 || d < 2.0 || omw < 0.0 || omw > 2.0) return NAN;
+  if (omw == 0.0 || omw == 2.0 || is_inf(kappa)) return 0.0;
+  return dw_dkappa_c(omw, kappa, d, bessel::iv_ratio(0.5 * d, kappa, true));
 }
 
 }  // namespace vmf
