@@ -133,6 +133,90 @@ def test_rdp_kl_vs_monte_carlo(grouping):
     _mc_check(total_mc, kl)
 
 
+@pytest.mark.parametrize("grouping,direction_prior", [("row", "vmf"), ("column", "vmf"), ("double", "vmf"),
+                                                     ("double", "uniform")])
+def test_rdp_kl_equals_registered_kls(grouping, direction_prior):
+    """The layer's fused KL (one closed form per grouping) against the registered KLs of the factor
+    distributions (VonMisesFisher, LogNormal || Gamma / InverseGamma objects) and the bias's Normal."""
+    torch.manual_seed(3)
+    layer = vnn.RDPLinear(5, 4, dtype=DT, grouping=grouping, direction_prior=direction_prior, init_eps=0.1,
+                          lognormal_sigma=0.3)
+    _perturb(layer, 0.2)
+    with torch.no_grad():
+        ref = torch.distributions.kl_divergence(layer.bias_posterior(), layer.bias_prior.distribution((4,)))
+        for _, f in layer._factors():
+            ref = ref + torch.distributions.kl_divergence(f.direction_posterior(),
+                                                          f.direction_prior_distribution()).sum()
+            for q, p in zip(f.radius_posteriors(), f.radius_priors()):
+                ref = ref + torch.distributions.kl_divergence(q, p).sum()
+        kl = layer.kl_divergence()
+    torch.testing.assert_close(kl, ref, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("direction_prior", ["vmf", "uniform"])
+def test_rdp_factor_kl_gradients(direction_prior):
+    """The closed-form first derivative of a grouping's KL against finite differences (gradcheck), and
+    the second derivatives (create_graph: autograd through the value) likewise."""
+    from vmfdist.nn.rdp import _FactorKL
+    torch.manual_seed(4)
+    f = vnn.RDPLinear(6, 3, dtype=DT, direction_prior=direction_prior, init_eps=0.2).row
+    _perturb(f, 0.3)
+    consts = (f.prior_concentration, f.tau_local, f.tau_global, f.dim, direction_prior == "uniform")
+    ins = tuple(t.detach().clone().requires_grad_(True) for t in (f.log_concentration, f.local_radius, f.global_radius))
+
+    def kl(*a):
+        return _FactorKL.apply(*a, *consts)
+
+    assert torch.autograd.gradcheck(kl, ins)
+    assert torch.autograd.gradgradcheck(kl, ins)
+
+
+def test_rdp_sample_is_the_posterior_draw():
+    """A grouping's sample with a seed equals the draw from its distribution objects with that seed:
+    the vMF direction (VonMisesFisher.rsample of the normalised direction) times the radius
+    exp((log a + log b + log s_a + log s_b) / 2), each log-normal drawn as loc + scale * eps."""
+    torch.manual_seed(5)
+    f = vnn.RDPLinear(7, 4, dtype=DT, init_eps=0.1, lognormal_sigma=0.3).row
+    _perturb(f, 0.2)
+    with torch.no_grad():
+        f.direction.mul_(2.5)  # the direction parameter need not be a unit vector
+        torch.manual_seed(6)
+        w = f.sample(3)
+        torch.manual_seed(6)
+        x = f.direction_posterior().rsample((3,))
+        eps = torch.randn(4, 3, f.num_groups, dtype=DT)
+        log_r = 0.0
+        for i, q in enumerate(f.radius_posteriors()):
+            log_r = log_r + q.loc + q.scale * (eps[i] if i < 2 else eps[i, :, :1])
+        ref = x * (0.5 * log_r).exp().unsqueeze(-1)
+    torch.testing.assert_close(w, ref, rtol=1e-13, atol=1e-15)
+
+
+def test_rdp_state_dict_with_unpacked_radius_keys_loads():
+    """State dicts written when the eight radius parameters of a grouping were separate tensors
+    (row.local_a_loc, ..., row.global_b_rho) load into the packed layout, and the former names remain
+    views of it."""
+    torch.manual_seed(7)
+    a = vnn.RDPLinear(5, 3, dtype=DT, grouping="double")
+    _perturb(a, 0.2)
+    old = {}
+    for k, v in a.state_dict().items():
+        name = k.rsplit(".", 1)
+        if len(name) == 2 and name[1] in ("local_radius", "global_radius"):
+            kind = name[1].split("_")[0]
+            for i, row in enumerate(("a_loc", "b_loc", "a_rho", "b_rho")):
+                old[f"{name[0]}.{kind}_{row}"] = v[i].clone()
+        else:
+            old[k] = v
+    assert "row.local_a_loc" in old and "row.local_radius" not in old
+    b = vnn.RDPLinear(5, 3, dtype=DT, grouping="double")
+    b.load_state_dict(old)
+    for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.equal(p, q), n
+    assert torch.equal(b.row.local_b_rho, a.row.local_radius[3])
+    assert torch.equal(b.column.global_a_loc, a.column.global_radius[0])
+
+
 def test_prior_concentration_matches_scipy_root():
     for d, eps in [(9, 0.1), (64, 0.1), (576, 0.01), (3, 0.5)]:
         k = vnn.concentration_for_mean_length(d, 1 - eps)

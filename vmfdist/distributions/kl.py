@@ -38,28 +38,43 @@ from ._constants import EULER_GAMMA
 from .matrix_normal import (EigenvalueCorrectedMatrixNormal, MatrixNormal, eigen_marginal_variance,
                             kron_mahalanobis, _tril_trace_ratio)
 from .radial import Radial
-from .von_mises_fisher import HypersphericalUniform, VonMisesFisher, log_sphere_area
+from .von_mises_fisher import HypersphericalUniform, VonMisesFisher, log_sphere_area, vmf_log_normalizer
 
 __all__ = []
 
 
 
+def _log_prior_terms(a, b):
+    """-a log b + log Gamma(a), each of a and b a tensor or a Python float (the radial--directional
+    layers pass a = 1/2 and, for the inverse Gamma, b = 1 as floats)."""
+    log_b = math.log(b) if isinstance(b, float) else torch.log(b)
+    return -a * log_b + (math.lgamma(a) if isinstance(a, float) else torch.lgamma(a))
+
+
+def kl_lognormal_gamma(mu, s, a, b):
+    r"""KL(LogNormal(mu, s) || Gamma(a, rate b)) from the parameters:
+    :math:`-\alpha\log\beta + \log\Gamma(\alpha) - \alpha\mu + \beta e^{\mu+\sigma^2/2} - \tfrac12\log(2\pi e\sigma^2)`."""
+    return (_log_prior_terms(a, b) - a * mu + b * torch.exp(mu + 0.5 * s * s)
+            - 0.5 * torch.log(2 * math.pi * math.e * s * s))
+
+
+def kl_lognormal_inverse_gamma(mu, s, a, b):
+    r"""KL(LogNormal(mu, s) || InverseGamma(a, b)) from the parameters:
+    :math:`-\alpha\log\beta + \log\Gamma(\alpha) + \alpha\mu + \beta e^{-\mu+\sigma^2/2} - \tfrac12\log(2\pi e\sigma^2)`."""
+    return (_log_prior_terms(a, b) + a * mu + b * torch.exp(-mu + 0.5 * s * s)
+            - 0.5 * torch.log(2 * math.pi * math.e * s * s))
+
+
 @register_kl(LogNormal, Gamma)
 def _kl_lognormal_gamma(q, p):
-    r""":math:`-\alpha\log\beta + \log\Gamma(\alpha) - \alpha\mu + \beta e^{\mu+\sigma^2/2} - \tfrac12\log(2\pi e\sigma^2)`."""
-    mu, s = q.loc, q.scale
-    a, b = p.concentration, p.rate
-    return (-a * torch.log(b) + torch.lgamma(a) - a * mu + b * torch.exp(mu + 0.5 * s * s)
-            - 0.5 * torch.log(2 * math.pi * math.e * s * s))
+    r"""See :func:`kl_lognormal_gamma`."""
+    return kl_lognormal_gamma(q.loc, q.scale, p.concentration, p.rate)
 
 
 @register_kl(LogNormal, InverseGamma)
 def _kl_lognormal_inverse_gamma(q, p):
-    r""":math:`-\alpha\log\beta + \log\Gamma(\alpha) + \alpha\mu + \beta e^{-\mu+\sigma^2/2} - \tfrac12\log(2\pi e\sigma^2)`."""
-    mu, s = q.loc, q.scale
-    a, b = p.concentration, p.rate
-    return (-a * torch.log(b) + torch.lgamma(a) + a * mu + b * torch.exp(-mu + 0.5 * s * s)
-            - 0.5 * torch.log(2 * math.pi * math.e * s * s))
+    r"""See :func:`kl_lognormal_inverse_gamma`."""
+    return kl_lognormal_inverse_gamma(q.loc, q.scale, p.concentration, p.rate)
 
 
 @register_kl(Weibull, Weibull)
@@ -74,29 +89,46 @@ def _kl_weibull_weibull(q, p):
 
 
 # ---- von Mises--Fisher -------------------------------------------------------
+def kl_vmf_vmf(kq, kp, d, half_sq=None):
+    r"""KL(vMF(mu_q, k_q) || vMF(mu_p, k_p)) on :math:`S^{d-1}` from the concentrations and
+    ``half_sq`` :math:`= |\mu_p - \mu_q|^2/2` (None: equal mean directions):
+    [log C(k_q) + k_q] - [log C(k_p) + k_p] - k_q (1 - A_q) + k_p ((1 - A_q) + A_q |mu_p - mu_q|^2 / 2),
+    the general formula (002, sec. 6.1) written with 1 - A_q mu_p^T mu_q = (1 - A_q) + A_q |mu_p - mu_q|^2/2.
+    Its derivative in k_q is (k_q - k_p) A'(k_q) for equal directions."""
+    half = torch.full_like(kq, 0.5 * d)
+    c = special.bessel_iv_ratio_c(half, kq)
+    if kq.shape == kp.shape and kq.dtype == kp.dtype:  # one call for both
+        lq, lp = vmf_log_normalizer(torch.stack([kq, kp]), d, scaled=True).unbind(0)
+    else:
+        lq, lp = vmf_log_normalizer(kq, d, scaled=True), vmf_log_normalizer(kp, d, scaled=True)
+    if half_sq is None:
+        return lq - lp - kq * c + kp * c
+    a = special.bessel_iv_ratio(half, kq)
+    return lq - lp - kq * c + kp * (c + a * half_sq)
+
+
+def kl_vmf_uniform(k, d):
+    r"""KL(vMF(mu, k) || uniform on :math:`S^{d-1}`) = log C(k) + k A + log S_{d-1}
+    = [log C(k) + k] - k (1 - A) + log S_{d-1}; 0 at k = 0.  Its derivative is k A'(k)."""
+    c = special.bessel_iv_ratio_c(torch.full_like(k, 0.5 * d), k)
+    return vmf_log_normalizer(k, d, scaled=True) - k * c + log_sphere_area(d, dtype=k.dtype, device=k.device)
+
+
 @register_kl(VonMisesFisher, VonMisesFisher)
 def _kl_vmf_vmf(q, p):
-    r"""KL(q || p) = E_q[log q - log p]
-    = [log C(k_q) + k_q] - [log C(k_p) + k_p] - k_q (1 - A_q) + k_p ((1 - A_q) + A_q |mu_p - mu_q|^2 / 2),
-    the general formula (002, sec. 6.1) written with 1 - A_q mu_p^T mu_q = (1 - A_q) + A_q |mu_p - mu_q|^2/2."""
+    r"""KL(q || p) = E_q[log q - log p]: see :func:`kl_vmf_vmf`."""
     if q.dim != p.dim:
         raise ValueError(f"KL(vMF || vMF) needs the same dimension, got {q.dim} and {p.dim}")
-    kq, kp = q.concentration, p.concentration
-    half = torch.full_like(kq, 0.5 * q.dim)
-    a = special.bessel_iv_ratio(half, kq)
-    c = special.bessel_iv_ratio_c(half, kq)
     half_sq = 0.5 * (p.loc - q.loc).pow(2).sum(-1)
-    return q.log_normalizer(scaled=True) - p.log_normalizer(scaled=True) - kq * c + kp * (c + a * half_sq)
+    return kl_vmf_vmf(q.concentration, p.concentration, q.dim, half_sq)
 
 
 @register_kl(VonMisesFisher, HypersphericalUniform)
 def _kl_vmf_uniform(q, p):
-    """KL(vMF || uniform) = log C(k) + k A + log S_{d-1}; 0 at k = 0."""
+    """KL(vMF || uniform): see :func:`kl_vmf_uniform`."""
     if q.dim != p.dim:
         raise ValueError(f"KL(vMF || uniform) needs the same dimension, got {q.dim} and {p.dim}")
-    k = q.concentration
-    c = special.bessel_iv_ratio_c(torch.full_like(k, 0.5 * q.dim), k)
-    kl = q.log_normalizer(scaled=True) - k * c + log_sphere_area(q.dim, dtype=k.dtype, device=k.device)
+    kl = kl_vmf_uniform(q.concentration, q.dim)
     return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))
 
 

@@ -81,25 +81,38 @@ def log_sphere_area(d, dtype=torch.float64, device=None) -> torch.Tensor:
     return math.log(2.0) + 0.5 * d * math.log(math.pi) - torch.lgamma(0.5 * d)
 
 
+def _log_normalizer_scaled(kappa: torch.Tensor, d) -> torch.Tensor:
+    r"""The value of :math:`\log C_d(\kappa) + \kappa` (no derivative of its own: see :class:`_LogNormalizer`)."""
+    nu = 0.5 * d - 1.0
+    # (only kappa >= 2^-20 reach the general form below; NaN stays NaN)
+    safe = kappa.clamp_min(2.0 ** -20)
+    val = (nu * torch.log(safe) - 0.5 * d * math.log(2 * math.pi)
+           - special.log_bessel_ive(torch.full_like(safe, nu), safe))
+    if isinstance(d, int):
+        zero = -_log_sphere_area_float(d)
+    else:  # a symbolic size under torch.compile
+        zero = -log_sphere_area(d, dtype=kappa.dtype, device=kappa.device).expand_as(kappa)
+    # Small kappa: log C + kappa = -log S_{d-1} - log sum_k (kappa^2/4)^k / (k! (nu+1)_k) + kappa
+    # = -log S_{d-1} + kappa - kappa^2 / (4 (nu + 1)) + O(kappa^4 / nu^3), the O() below 2^-80
+    # for kappa < 2^-20.  The general form cancels terms of size nu |log kappa| there (KL between
+    # kappa = 5e-324 and kappa = 0 at d = 256 came out 2.1e-11 instead of ~0).
+    small = zero + (kappa - kappa * kappa / (4.0 * (nu + 1.0)))
+    val = torch.where(kappa < 2.0 ** -20, small, val)
+    # kappa < 0 or NaN: NaN (it returned the kappa = 0 value, -1.531 at d = 3, for kappa = -1)
+    return torch.where(kappa >= 0, val, math.nan)
+
+
+def _log_sphere_area_float(d: int) -> float:
+    return math.log(2.0) + 0.5 * d * math.log(math.pi) - math.lgamma(0.5 * d)
+
+
 class _LogNormalizer(torch.autograd.Function):
     r""":math:`\log C_d(\kappa)` (or :math:`+\kappa`, ``scaled``) with the exact derivative
     :math:`-A_d(\kappa)` (scaled: :math:`1 - A_d(\kappa)`, from the complemented ratio)."""
 
     @staticmethod
     def forward(kappa, d, scaled):
-        nu = 0.5 * d - 1.0
-        safe = torch.where(kappa > 0, kappa, torch.ones_like(kappa))
-        val = (nu * torch.log(safe) - 0.5 * d * math.log(2 * math.pi)
-               - special.log_bessel_ive(torch.full_like(safe, nu), safe))
-        zero = -log_sphere_area(d, dtype=kappa.dtype, device=kappa.device).expand_as(kappa)
-        # Small kappa: log C + kappa = -log S_{d-1} - log sum_k (kappa^2/4)^k / (k! (nu+1)_k) + kappa
-        # = -log S_{d-1} + kappa - kappa^2 / (4 (nu + 1)) + O(kappa^4 / nu^3), the O() below 2^-80
-        # for kappa < 2^-20.  The general form cancels terms of size nu |log kappa| there (KL between
-        # kappa = 5e-324 and kappa = 0 at d = 256 came out 2.1e-11 instead of ~0).
-        small = zero + (kappa - kappa * kappa / (4.0 * (nu + 1.0)))
-        val = torch.where(kappa < 2.0 ** -20, small, val)
-        # kappa < 0 or NaN: NaN (it returned the kappa = 0 value, -1.531 at d = 3, for kappa = -1)
-        val = torch.where(kappa >= 0, val, torch.full_like(val, math.nan))
+        val = _log_normalizer_scaled(kappa, d)
         return val if scaled else val - kappa
 
     @staticmethod
@@ -126,7 +139,11 @@ def vmf_log_normalizer(concentration: torch.Tensor, d: int, scaled: bool = False
     kappa = torch.as_tensor(concentration)
     if not kappa.is_floating_point():
         kappa = kappa.to(torch.get_default_dtype())
-    return _LogNormalizer.apply(kappa, _check_dim(d), bool(scaled))
+    d = _check_dim(d)
+    if not (kappa.requires_grad and torch.is_grad_enabled()):  # no graph to record: the value alone
+        val = _log_normalizer_scaled(kappa, d)
+        return val if scaled else val - kappa
+    return _LogNormalizer.apply(kappa, d, bool(scaled))
 
 
 def _check_dim(d) -> int:

@@ -129,28 +129,19 @@ def _kl_gaussian_prior_fast(q: Distribution, prior: _Prior, shape) -> Optional[t
 
     (the same formulas as the registered KLs, which the tests check against Monte Carlo).
     Returns None when the prior is of another kind."""
-    if prior._module is not None or prior._cls is not Normal or prior._ndims:
+    params = _gaussian_prior_params(prior, shape)
+    if params is None:
         return None
-    m, s = prior.param_loc, prior.param_scale
-    try:
-        torch.broadcast_shapes(m.shape, s.shape, torch.Size(shape))
-    except RuntimeError:
-        return None
-    if torch.broadcast_shapes(m.shape, s.shape, torch.Size(shape)) != torch.Size(shape):
-        return None
+    if isinstance(q, Independent) and isinstance(q.base_dist, Normal) and q.base_dist.loc.shape == torch.Size(shape):
+        return _kl_normal_closed_form(q.base_dist.loc, q.base_dist.scale, *params)
+    m, s = params
     n = 1
     for d in shape:
         n *= d
     scalar = m.dim() == 0 and s.dim() == 0
-    ref = q.base_dist.loc if isinstance(q, Independent) else getattr(q, "loc", None)
+    ref = getattr(q, "loc", None)
     if ref is not None:  # the prior's buffers may be float32 under a float64 layer
         m, s = m.to(ref.dtype), s.to(ref.dtype)
-    if isinstance(q, Independent) and isinstance(q.base_dist, Normal) and q.base_dist.loc.shape == torch.Size(shape):
-        mu, sig = q.base_dist.loc, q.base_dist.scale
-        if scalar:
-            return n * (torch.log(s) - 0.5) + (torch.addcmul(-sig.log(), sig * sig + (mu - m).square(),
-                                                             0.5 / (s * s))).sum()
-        return (torch.log(s / sig) + (sig.square() + (mu - m).square()) / (2 * s * s) - 0.5).sum()
     if isinstance(q, Radial) and q.loc.shape == torch.Size(shape):
         mu, sig = q.loc, q.scale
         if scalar:
@@ -160,6 +151,37 @@ def _kl_gaussian_prior_fast(q: Distribution, prior: _Prior, shape) -> Optional[t
             cross = (0.5 * torch.log(2 * math.pi * s * s) + ((mu - m).square() + sig.square() / n) / (2 * s * s)).sum()
         return cross - q.entropy()
     return None
+
+
+def _gaussian_prior_params(prior: _Prior, shape):
+    """(m, s) of an elementwise N(m, s^2) prior whose parameters broadcast to ``shape``; else None."""
+    if prior._module is not None or prior._cls is not Normal or prior._ndims:
+        return None
+    m, s = prior.param_loc, prior.param_scale
+    try:
+        full = torch.broadcast_shapes(m.shape, s.shape, torch.Size(shape))
+    except RuntimeError:
+        return None
+    return (m, s) if full == torch.Size(shape) else None
+
+
+def kl_normal_to_prior(mu: torch.Tensor, sig: torch.Tensor, prior: _Prior, mc_samples: int = 16) -> torch.Tensor:
+    r"""KL(prod_i N(mu_i, sig_i^2) || prior) summed to a scalar, from the tensors (no distribution
+    objects for the elementwise Gaussian prior: :math:`\sum_i \log(s_i/\sigma_i) + (\sigma_i^2 + (\mu_i - m_i)^2)/(2 s_i^2) - \tfrac12`);
+    other priors through :func:`kl_to_prior`."""
+    params = _gaussian_prior_params(prior, mu.shape)
+    if params is None:
+        return kl_to_prior(Independent(Normal(mu, sig, validate_args=False), mu.dim(), validate_args=False), prior,
+                           mu.shape, mc_samples)
+    return _kl_normal_closed_form(mu, sig, *params)
+
+
+def _kl_normal_closed_form(mu, sig, m, s):
+    m, s = m.to(mu.dtype), s.to(mu.dtype)  # the prior's buffers may be float32 under a float64 layer
+    if m.dim() == 0 and s.dim() == 0:
+        return mu.numel() * (torch.log(s) - 0.5) + (torch.addcmul(-sig.log(), sig * sig + (mu - m).square(),
+                                                                  0.5 / (s * s))).sum()
+    return (torch.log(s / sig) + (sig.square() + (mu - m).square()) / (2 * s * s) - 0.5).sum()
 
 
 def kl_to_prior(q: Distribution, prior: _Prior, shape, mc_samples: int) -> torch.Tensor:

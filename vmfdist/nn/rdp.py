@@ -62,9 +62,11 @@ from torch import nn
 from torch.distributions import Distribution, Gamma, Independent, InverseGamma, LogNormal, Normal, constraints
 
 from .. import special
+from .._ops import lib
 from ..distributions import HypersphericalUniform, VonMisesFisher
+from ..distributions.kl import kl_vmf_uniform, kl_vmf_vmf
 from ._base import (BayesianModule, _ConvOps, _LinearOps, _Prior, _conv_repr, _conv_setup, _linear_setup,
-                    _softplus_inv, kl_to_prior)
+                    _softplus_inv, kl_normal_to_prior)
 
 __all__ = ["RDPLinear", "RDPConv2d", "RDPPosterior", "concentration_for_mean_length"]
 
@@ -88,6 +90,86 @@ def concentration_for_mean_length(dim: int, mean_length: float) -> float:
         else:
             hi = mid
     return math.exp(0.5 * (lo + hi))
+
+
+# The radius parameters of a grouping are packed: ``local_radius`` (4, G) and ``global_radius``
+# (4,) hold, in this order, the location of log a, the location of log b, and the rho of each
+# (log-normal scale softplus(rho)).  The former names are views (``local_a_loc`` is
+# ``local_radius[0]``, ...), and state dicts with the former keys still load.
+_RADIUS_ROWS = ("a_loc", "b_loc", "a_rho", "b_rho")
+
+
+def _radius_view(packed: str, row: int):
+    return property(lambda self: getattr(self, packed)[row],
+                    doc=f"``{packed}[{row}]`` (a view; the parameter is ``{packed}``).")
+
+
+# Per log-normal factor, the constant part of KL(LogNormal(mu, s) || Gamma(1/2, rate)) and of
+# KL(LogNormal || InverseGamma(1/2, 1)): log Gamma(1/2) - log(2 pi e) / 2 (plus -log(rate)/2 for the Gamma).
+_RADIUS_CONST = math.lgamma(0.5) - 0.5 * math.log(2 * math.pi * math.e)
+
+
+def _factor_kl(log_kappa, local, glob, prior_kappa, tau_local, tau_global, dim: int, uniform: bool,
+               with_grad: bool = False):
+    r"""The KL of one grouping, and with ``with_grad`` its gradient with respect to
+    ``(log_kappa, local, glob)``.
+
+    Directions: G times KL(vMF(kappa_q) || vMF(kappa_p)) with the same mean direction
+    (:func:`~vmfdist.distributions.kl.kl_vmf_vmf`; uniform prior: ``kl_vmf_uniform``), whose
+    derivative in kappa_q is :math:`(\kappa_q - \kappa_p)A'(\kappa_q)` (uniform: :math:`\kappa_q A'(\kappa_q)`).
+    Radii: the closed forms of ``kl_lognormal_gamma`` and ``kl_lognormal_inverse_gamma`` for all
+    2 (G + 1) log-normal factors at once (a to Gamma(1/2, rate 1/tau^2), b to InverseGamma(1/2, 1)),
+    with :math:`\pm\mu` (+ for a) and :math:`\beta E = \beta e^{\pm\mu + s^2/2}`:
+    KL = :math:`-\tfrac12\log\beta + \log\Gamma(\tfrac12) \mp \tfrac12\mu + \beta E - \log s - \tfrac12\log 2\pi e`,
+    d/dmu = :math:`\pm(\beta E - \tfrac12)`, d/ds = :math:`\beta E s - 1/s`, ds/drho = sigmoid(rho).
+    Differentiable (the value) by autograd, for higher derivatives."""
+    g = local.shape[-1]
+    kq = log_kappa.exp()
+    kl_dir = kl_vmf_uniform(kq, dim) if uniform else kl_vmf_vmf(kq, prior_kappa, dim)
+    packed = torch.cat([local, glob.unsqueeze(1)], 1)  # (4, G + 1): the global factors last
+    mu, rho = packed[:2], packed[2:]
+    s = F.softplus(rho)
+    sign = packed.new_tensor([[1.0], [-1.0]])
+    z = mu * sign
+    rate_a = torch.cat([tau_local.pow(-2).expand(g), tau_global.pow(-2).reshape(1)])
+    rate = torch.stack([rate_a, torch.ones_like(rate_a)])
+    be = torch.exp(torch.addcmul(z, s, s, value=0.5)) * rate
+    kl_radius = ((be - 0.5 * z - torch.log(s)).sum() + 2 * (g + 1) * _RADIUS_CONST
+                 - 0.5 * (g * torch.log(rate_a[0]) + torch.log(rate_a[g])))
+    kl = g * kl_dir + kl_radius
+    if not with_grad:
+        return kl, None
+    kappa_term = kq if uniform else kq - prior_kappa
+    g_kappa = g * kq * kappa_term * lib.bessel_iv_ratio_grad(torch.full_like(kq, 0.5 * dim), kq)
+    g_packed = torch.cat([sign * (be - 0.5), (be * s - s.reciprocal()) * torch.sigmoid(rho)])
+    return kl, (g_kappa, g_packed[:, :g], g_packed[:, g])
+
+
+class _FactorKL(torch.autograd.Function):
+    """:func:`_factor_kl` with its first derivative computed with the value (a few elementwise
+    ops instead of autograd through some fifty); with create_graph the value is differentiated by
+    autograd instead (higher derivatives exact)."""
+
+    @staticmethod
+    def forward(ctx, log_kappa, local, glob, prior_kappa, tau_local, tau_global, dim, uniform):
+        ctx.dim, ctx.uniform = dim, uniform
+        kl, grads = _factor_kl(log_kappa, local, glob, prior_kappa, tau_local, tau_global, dim, uniform,
+                               with_grad=any(ctx.needs_input_grad[:3]))
+        ctx.save_for_backward(log_kappa, local, glob, prior_kappa, tau_local, tau_global,
+                              *(grads if grads is not None else ()))
+        return kl
+
+    @staticmethod
+    def backward(ctx, grad):
+        log_kappa, local, glob, prior_kappa, tau_local, tau_global, *grads = ctx.saved_tensors
+        need = ctx.needs_input_grad[:3]
+        if torch.is_grad_enabled():  # create_graph: differentiate the value (any order)
+            ins = (log_kappa, local, glob)
+            with torch.enable_grad():
+                val, _ = _factor_kl(*ins, prior_kappa, tau_local, tau_global, ctx.dim, ctx.uniform)
+                got = iter(torch.autograd.grad(val, [t for t, n in zip(ins, need) if n], grad, create_graph=True))
+            return tuple(next(got) if n else None for n in need) + (None,) * 5
+        return tuple(grad * t if n else None for t, n in zip(grads, need)) + (None,) * 5
 
 
 class _RDPFactor(nn.Module):
@@ -120,14 +202,21 @@ class _RDPFactor(nn.Module):
         # local a at its prior scale tau_local^2, b carries the rest
         m = torch.log(target) - 0.5 * var
         la = torch.full((g,), 2 * math.log(tau_local), device=dev, dtype=dt)
-        self.local_a_loc = nn.Parameter(la.clone())
-        self.local_b_loc = nn.Parameter(2 * m - la)
-        self.local_a_rho = nn.Parameter(torch.full((g,), rho, device=dev, dtype=dt))
-        self.local_b_rho = nn.Parameter(torch.full((g,), rho, device=dev, dtype=dt))
-        self.global_a_loc = nn.Parameter(torch.tensor(2 * math.log(tau_global), device=dev, dtype=dt))
-        self.global_b_loc = nn.Parameter(torch.tensor(-2 * math.log(tau_global), device=dev, dtype=dt))
-        self.global_a_rho = nn.Parameter(torch.tensor(rho, device=dev, dtype=dt))
-        self.global_b_rho = nn.Parameter(torch.tensor(rho, device=dev, dtype=dt))
+        rhos = torch.full((g,), rho, device=dev, dtype=dt)
+        self.local_radius = nn.Parameter(torch.stack([la, 2 * m - la, rhos, rhos]))
+        self.global_radius = nn.Parameter(torch.tensor([2 * math.log(tau_global), -2 * math.log(tau_global), rho, rho],
+                                                       device=dev, dtype=dt))
+
+    local_a_loc, local_b_loc, local_a_rho, local_b_rho = (_radius_view("local_radius", i) for i in range(4))
+    global_a_loc, global_b_loc, global_a_rho, global_b_rho = (_radius_view("global_radius", i) for i in range(4))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # state dicts written before the radius parameters were packed
+        for packed in ("local", "global"):
+            old = [prefix + f"{packed}_{k}" for k in _RADIUS_ROWS]
+            if all(k in state_dict for k in old) and prefix + f"{packed}_radius" not in state_dict:
+                state_dict[prefix + f"{packed}_radius"] = torch.stack([state_dict.pop(k) for k in old])
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # ---- distributions -------------------------------------------------------------
     @property
@@ -149,10 +238,11 @@ class _RDPFactor(nn.Module):
 
     def radius_posteriors(self):
         """LogNormal posteriors of (local a, local b, global a, global b)."""
-        return (LogNormal(self.local_a_loc, F.softplus(self.local_a_rho), validate_args=False),
-                LogNormal(self.local_b_loc, F.softplus(self.local_b_rho), validate_args=False),
-                LogNormal(self.global_a_loc, F.softplus(self.global_a_rho), validate_args=False),
-                LogNormal(self.global_b_loc, F.softplus(self.global_b_rho), validate_args=False))
+        lr, gr = self.local_radius, self.global_radius
+        return (LogNormal(lr[0], F.softplus(lr[2]), validate_args=False),
+                LogNormal(lr[1], F.softplus(lr[3]), validate_args=False),
+                LogNormal(gr[0], F.softplus(gr[2]), validate_args=False),
+                LogNormal(gr[1], F.softplus(gr[3]), validate_args=False))
 
     def radius_priors(self):
         half = torch.full_like(self.tau_local, 0.5)
@@ -162,26 +252,30 @@ class _RDPFactor(nn.Module):
 
     def _log_radius_moments(self):
         """Location and variance of log r = log(s z) (log-normal)."""
-        sa, sb = F.softplus(self.local_a_rho), F.softplus(self.local_b_rho)
-        ga, gb = F.softplus(self.global_a_rho), F.softplus(self.global_b_rho)
-        m = 0.5 * (self.local_a_loc + self.local_b_loc + self.global_a_loc + self.global_b_loc)
-        v = 0.25 * (sa * sa + sb * sb + ga * ga + gb * gb)
+        lr, gr = self.local_radius, self.global_radius
+        sl, sg = F.softplus(lr[2:]), F.softplus(gr[2:])
+        m = 0.5 * (lr[0] + lr[1] + gr[0] + gr[1])
+        v = 0.25 * (sl[0] * sl[0] + sl[1] * sl[1] + sg[0] * sg[0] + sg[1] * sg[1])
         return m, v
 
     def log_mode_local(self) -> torch.Tensor:
         """Log of the mode of the local radius z_g = sqrt(a_g b_g) (the pruning statistic)."""
-        sa, sb = F.softplus(self.local_a_rho), F.softplus(self.local_b_rho)
-        return 0.5 * (self.local_a_loc + self.local_b_loc) - 0.25 * (sa * sa + sb * sb)
+        lr = self.local_radius
+        sl = F.softplus(lr[2:])
+        return 0.5 * (lr[0] + lr[1]) - 0.25 * (sl[0] * sl[0] + sl[1] * sl[1])
 
     # ---- weights ---------------------------------------------------------------------
     def sample(self, num_samples):
-        x = self.direction_posterior().rsample((num_samples,))  # (S, G, d)
-        dev, dt = x.device, x.dtype
-        eps = torch.randn(4, num_samples, self.num_groups, device=dev, dtype=dt)
-        log_r = 0.5 * (self.local_a_loc + F.softplus(self.local_a_rho) * eps[0]
-                       + self.local_b_loc + F.softplus(self.local_b_rho) * eps[1]
-                       + self.global_a_loc + F.softplus(self.global_a_rho) * eps[2, :, :1]
-                       + self.global_b_loc + F.softplus(self.global_b_rho) * eps[3, :, :1])
+        g = self.num_groups
+        # the direction posterior's rsample, without building the distribution: the op
+        # normalises the direction itself (and its backward differentiates that)
+        x, _ = lib.vmf_sample(self.direction, self.log_concentration.exp().expand(g), num_samples)  # (S, G, d)
+        lr, gr = self.local_radius, self.global_radius
+        eps = torch.randn(4, num_samples, g, device=x.device, dtype=x.dtype)
+        # log r = (log a + log b + log s_a + log s_b) / 2, each loc + scale * eps
+        local = torch.addcmul(lr[:2].unsqueeze(1), F.softplus(lr[2:]).unsqueeze(1), eps[:2])  # (2, S, G)
+        glob = torch.addcmul(gr[:2, None, None], F.softplus(gr[2:])[:, None, None], eps[2:, :, :1])  # (2, S, 1)
+        log_r = 0.5 * (local.sum(0) + glob.sum(0))
         return x * log_r.exp().unsqueeze(-1)
 
     def point(self, use):
@@ -192,10 +286,9 @@ class _RDPFactor(nn.Module):
         return (m - v).exp().unsqueeze(-1) * self.loc
 
     def kl_divergence(self):
-        kl = torch.distributions.kl_divergence(self.direction_posterior(), self.direction_prior_distribution()).sum()
-        for q, p in zip(self.radius_posteriors(), self.radius_priors()):
-            kl = kl + torch.distributions.kl_divergence(q, p).sum()
-        return kl
+        """KL of the G directions and the four radius factors (closed forms, one fused derivative)."""
+        return _FactorKL.apply(self.log_concentration, self.local_radius, self.global_radius, self.prior_concentration,
+                               self.tau_local, self.tau_global, self.dim, self.direction_prior == "uniform")
 
     def extra_repr(self):
         return f"groups={self.num_groups}, dim={self.dim}"
@@ -347,7 +440,7 @@ class _RDP(BayesianModule):
         grouping, and the Gaussian bias."""
         kl = sum(f.kl_divergence() for _, f in self._factors())
         if self.bias_mu is not None:
-            kl = kl + kl_to_prior(self.bias_posterior(), self.bias_prior, self.bias_mu.shape, 16)
+            kl = kl + kl_normal_to_prior(self.bias_mu, F.softplus(self.bias_rho), self.bias_prior, 16)
         return kl
 
     def point_weights(self, use):
