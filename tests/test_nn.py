@@ -779,3 +779,22 @@ def test_predict_uses_the_shared_first_layer_only_where_it_is_safe():
     nested = nn.Sequential(nn.Sequential(vnn.MeanFieldLinear(4, 3)), nn.ReLU())
     assert vnn.model._shared_prefix(nested) is None
     assert vnn.model._shared_prefix(nn.Sequential(nn.Flatten(), vnn.RadialLinear(4, 3)))[0] == 1
+
+
+@pytest.mark.parametrize("cls", [vnn.RadialLinear, vnn.RadialConv2d])
+def test_radial_kl_fused_form_equals_the_closed_form(cls):
+    """The Radial layers' KL through the fused mean-field KL (to N(m, D s^2)) plus its correction
+    equals the registered closed form Radial || Independent(Normal), value and gradients."""
+    torch.manual_seed(12)
+    args = (5, 3) if cls is vnn.RadialLinear else (2, 3, 3)
+    prior = Normal(torch.tensor(0.3, dtype=DT), torch.tensor(1.4, dtype=DT))
+    layer = cls(*args, dtype=DT, sigma_init=0.3, prior=prior)
+    _perturb(layer, 0.2)
+    kl = layer.kl_divergence()
+    ref = (torch.distributions.kl_divergence(layer.weight_posterior(), layer.prior.distribution(layer.weight_mu.shape))
+           + torch.distributions.kl_divergence(layer.bias_posterior(), layer.bias_prior.distribution((3,))))
+    torch.testing.assert_close(kl, ref, rtol=1e-12, atol=0)
+    g = torch.autograd.grad(kl, list(layer.parameters()))
+    r = torch.autograd.grad(ref, list(layer.parameters()))
+    for a, b in zip(g, r):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
