@@ -695,7 +695,11 @@ def test_meanfield_kl_cache_is_never_stale():
     import copy
     import pickle
     other = copy.deepcopy(layer)
-    pickle.loads(pickle.dumps(layer))
+    assert float(other.kl_divergence().detach()) == pytest.approx(fresh(), rel=1e-12)
+    layer(x)
+    other = pickle.loads(pickle.dumps(layer))
+    assert float(other.kl_divergence().detach()) == pytest.approx(fresh(), rel=1e-12)
+    other(x)
     assert float(other.kl_divergence().detach()) == pytest.approx(fresh(), rel=1e-12)
     # 5. a state_dict load in between (an in-place copy): recomputed
     layer(x)

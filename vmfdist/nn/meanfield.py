@@ -224,14 +224,8 @@ class _KLCache:
             return None
         return kl
 
-    def __deepcopy__(self, memo):
-        return _KLCache()
-
-    def __getstate__(self):
-        return None
-
-    def __setstate__(self, state):
-        self.kl, self.key = None, None
+    def __reduce__(self):  # copies and pickles start empty
+        return (_KLCache, ())
 
 
 def _fusable(mu, prior):
