@@ -83,7 +83,11 @@ def _radial_gaussian_kl(mu, rho, prior):
     d = mu.numel()
     kl = lib.meanfield_kl(mu, rho, m, s * math.sqrt(d))
     if d > 1:
-        kl = kl + (1.0 - 1.0 / d) * ((mu - m).square() / (2 * s * s)).sum()
+        if s.numel() == 1:  # one fused pass (mse_loss) for sum (mu - m)^2
+            sq = torch.nn.functional.mse_loss(mu, m.expand_as(mu), reduction="sum") / (2 * s * s).reshape(())
+        else:
+            sq = ((mu - m).square() / (2 * s * s)).sum()
+        kl = kl + (1.0 - 1.0 / d) * sq
     c_d = float(_radial_entropy_const(d))
     return kl + (d * (0.5 * math.log(2 * math.pi) - 0.5 * math.log(d) + 0.5) - c_d)
 
