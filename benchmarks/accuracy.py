@@ -32,7 +32,8 @@ if ROOT not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from benchmarks.harness import git_rev, load_json, save_json  # noqa: E402
+from benchmarks import harness as H  # noqa: E402
+from tests import reference as R  # noqa: E402
 
 DBL_MAX = float(np.finfo(np.float64).max)
 DBL_MIN = float(np.finfo(np.float64).tiny)
@@ -176,47 +177,34 @@ def build_points(n_points: int, seed: int, f32: bool):
 # ---------------------------------------------------------------------------
 # reference values (in worker processes when --workers > 1)
 
-_REF = None
-
-
-def _ref():
-    global _REF
-    if _REF is None:
-        from tests import reference
-
-        _REF = reference
-    return _REF
-
-
 def reference_values(point, values_only=False):
     """The exact values at (nu, z), as strings (mpf repr), or the error text where the
     reference failed to certify one; values_only: no derivatives, no bounds (float32)."""
     import mpmath
 
     nu, z = point
-    ref = _ref()
     out = {}
 
     def put(key, fn, *args, **kw):
         try:
             # all digits (str() would round to the current mp.dps, 15)
             out[key] = mpmath.nstr(fn(*args, **kw), 50, min_fixed=1, max_fixed=0)
-        except ref.ReferenceError_ as e:  # reported, never hidden
+        except R.ReferenceError_ as e:  # reported, never hidden
             out[key] = "ReferenceError: " + str(e)[:200]
 
-    put("log_bessel_iv", ref.log_iv, nu, z)
-    put("log_bessel_ive", ref.log_ive, nu, z)
+    put("log_bessel_iv", R.log_iv, nu, z)
+    put("log_bessel_ive", R.log_ive, nu, z)
     if nu >= 0.5:
-        put("bessel_iv_ratio", ref.ratio, nu, z)
-        put("bessel_iv_ratio_c", ref.ratio_c, nu, z)
+        put("bessel_iv_ratio", R.ratio, nu, z)
+        put("bessel_iv_ratio_c", R.ratio_c, nu, z)
     if values_only:
         return out
-    put("d/dz log_bessel_iv", ref.dlog_iv, nu, z)
-    put("d/dz log_bessel_ive", ref.dlog_ive, nu, z)
+    put("d/dz log_bessel_iv", R.dlog_iv, nu, z)
+    put("d/dz log_bessel_ive", R.dlog_ive, nu, z)
     if nu >= 0.5:
-        put("d/dz bessel_iv_ratio", ref.dratio, nu, z)
+        put("d/dz bessel_iv_ratio", R.dratio, nu, z)
     elif nu == 0.0 or nu >= 1e-6:  # theorem 4 bracket below 1/2 (R_nu with I_{nu-1}, nu - 1 < 0)
-        put("ratio_below_half", ref.ratio, nu, z, allow_below_half=True)
+        put("ratio_below_half", R.ratio, nu, z, allow_below_half=True)
     return out
 
 
@@ -293,36 +281,14 @@ def _overflows(r, max_finite, bits):
 def error_of(name, ours, exact, f32):
     """The error in the row's unit; an exact value that overflows counts as 0 when ours is
     the correctly signed infinity (and inf otherwise)."""
-    ref = _ref()
     bits, emin, big = (24, -126, F32_MAX) if f32 else (53, -1022, DBL_MAX)
     if name.startswith("log_"):
         if f32:  # float32 ulps of the exact value, like every float32 row
-            return ref.ulp_error(ours, exact, bits, emin)
-        return ref.log_error(ours, exact)
+            return R.ulp_error(ours, exact, bits, emin)
+        return R.log_error(ours, exact)
     if _overflows(exact, big, bits):
         return 0.0 if (math.isinf(ours) and (ours > 0) == (exact > 0)) else math.inf
-    return ref.ulp_error(ours, exact, bits, emin)
-
-
-def _bound_exact(nu, z, theorem):
-    """The bound formulas evaluated in mpmath (60 digits), rationalised where they cancel."""
-    from mpmath import mp, mpf, sqrt
-
-    with mp.workdps(60):
-        nu, z = mpf(nu), mpf(z)
-        if theorem == 4:
-            def b(c):
-                h = sqrt((nu + c) ** 2 + z * z)
-                return z / ((nu - c) + h) if nu >= c else (h + (c - nu)) / (4 * c * nu / z + z)
-
-            return b(mpf(1) / 2), b(mpf(1))
-
-        def b(alpha):
-            lam = nu + mpf(alpha - 1) / 2
-            delta = (nu - mpf(1) / 2) + lam / (2 * sqrt(lam * lam + z * z))
-            return z / (delta + sqrt(delta * delta + z * z))
-
-        return b(2), b(0)
+    return R.ulp_error(ours, exact, bits, emin)
 
 
 # ---------------------------------------------------------------------------
@@ -346,7 +312,6 @@ def _summary(rows):
 def analyse(points, refs, ours, f32):
     from mpmath import mp, mpf
 
-    ref = _ref()
     cells = {}  # (function, regime) -> rows
     ref_failures = []
     bounds = {4: {"n": 0, "violations": [], "max_excess_ulp": -math.inf},
@@ -390,7 +355,7 @@ def analyse(points, refs, ours, f32):
                 ok = hi == math.inf
                 excess = 0.0 if ok else math.inf
             else:
-                u = ref.ulp(float(r))
+                u = R.ulp(float(r))
                 with mp.workdps(60):
                     excess = float(max(mpf(lo) - r, r - mpf(hi)) / u) if math.isfinite(lo) and math.isfinite(
                         hi) else math.inf
@@ -398,7 +363,7 @@ def analyse(points, refs, ours, f32):
             b["max_excess_ulp"] = max(b["max_excess_ulp"], excess)
             if not ok:
                 b["violations"].append({"nu": nu, "z": z, "lower": lo, "upper": hi, "exact": str(r)[:30]})
-            blo, bhi = _bound_exact(nu, z, th)
+            blo, bhi = R.ratio_bounds(nu, z, th)
             for which, val, exact_b in (("lower", lo, blo), ("upper", hi, bhi)):
                 e = error_of("bound", val, exact_b, False)
                 bound_err.setdefault(f"theorem {th} {which}", []).append((e, nu, z, val, str(exact_b)[:30]))
@@ -432,180 +397,115 @@ def _fmt_point(w):
 
 def render_markdown(res):
     m = res["meta"]
-    L = []
-    L.append("# Accuracy")
-    L.append("")
-    L.append("<!-- Generated by benchmarks/accuracy.py; do not edit by hand. -->")
-    L.append("")
-    L.append(f"Measured accuracy of {{mod}}`vmfdist.special` on the CPU (the CUDA kernels run the same "
-             f"host-device code) over a dense sweep of (ν, z), against references computed with mpmath "
-             f"and certified to {m['reference_digits']} significant digits (`tests/reference.py`: power series, "
-             f"Hankel's expansion and Olver's uniform expansion, each with an error estimate that is "
-             f"checked, and the precision raised wherever a derived quantity cancels).")
-    L.append("")
-    L.append("**Units.**")
-    L.append("")
-    L.append("- *ulp*: |ours − exact| divided by the spacing of the doubles at the exact value "
-             "(2^(⌊log₂|exact|⌋ − 52), and 2^−1074 in the subnormal range). A correctly rounded result has "
-             "error ≤ 0.5 ulp.")
-    L.append("- *eps·max(1,|log I|)*: |ours − exact| / (2^−52 · max(1, |exact|)) for the logarithms "
-             "(an absolute error near 0, relative for large |log I|).")
-    L.append("- *float32 ulp*: the same in the float32 format (2^(e − 23), subnormal step 2^−149), against "
-             "the exact value, for every float32 row (float32 results are computed in float64 and "
-             "rounded once, so they should be within 0.5 ulp plus the float64 error).")
-    L.append("- An exact value beyond the largest finite number counts as error 0 when the result is "
-             "the correctly signed infinity.")
-    L.append("")
-    L.append(f"**Targets** (issue #2): ratio ≤ 4 ulp, 1 − R ≤ 10 ulp, logarithms ≤ 4 eps·max(1,|log I|), "
-             f"z-derivatives ≤ 10 ulp, float32 ≤ {F32_TARGET:g} float32 ulp.  A bold maximum misses its target.")
-    L.append("")
-    L.append("**Regimes** (each point belongs to the first that applies):")
-    L.append("")
-    for reg in REGIMES:
-        L.append(f"- *{reg}*: {REGIME_TEXT[reg]}")
-    L.append("")
-    L.append("**Grid.** " + m["grid_text"])
-    L.append("")
-    L.append(f"Generated {m['date']} by `{m['command']}` (git {m['git']}, torch {m['torch']}, mpmath "
-             f"{m['mpmath']}; {m['seconds']:.0f} s with {m['workers']} worker(s)).  "
-             f"Every figure, with the worst point of each cell, is in `docs/accuracy.json`.")
-    L.append("")
-
-    def table(title, names, tab, units_of, target_of):
-        L.append(f"## {title}")
-        L.append("")
-        L.append("| function | unit | target | regime | points | max | median | worst at (ν, z) |")
-        L.append("|---|---|---|---|---:|---:|---:|---|")
+    L = ["# Accuracy", "", "<!-- Generated by benchmarks/accuracy.py; do not edit by hand. -->", "",
+         f"Measured accuracy of {{mod}}`vmfdist.special` on the CPU (the CUDA kernels run the same host-device code) "
+         f"over a dense sweep of (ν, z), against references computed with mpmath and certified to "
+         f"{m['reference_digits']} significant digits (`tests/reference.py`: power series, Hankel's expansion and "
+         "Olver's uniform expansion, each with an error estimate that is checked, and the precision raised wherever a "
+         "derived quantity cancels).", "", "**Units.**", "",
+         "- *ulp*: |ours − exact| divided by the spacing of the doubles at the exact value (2^(⌊log₂|exact|⌋ − 52), "
+         "and 2^−1074 in the subnormal range). A correctly rounded result has error ≤ 0.5 ulp.",
+         "- *eps·max(1,|log I|)*: |ours − exact| / (2^−52 · max(1, |exact|)) for the logarithms (an absolute error "
+         "near 0, relative for large |log I|).",
+         "- *float32 ulp*: the same in the float32 format (2^(e − 23), subnormal step 2^−149), against the exact "
+         "value, for every float32 row (float32 results are computed in float64 and rounded once, so they should be "
+         "within 0.5 ulp plus the float64 error).",
+         "- An exact value beyond the largest finite number counts as error 0 when the result is the correctly "
+         "signed infinity.", "",
+         f"**Targets** (issue #2): ratio ≤ 4 ulp, 1 − R ≤ 10 ulp, logarithms ≤ 4 eps·max(1,|log I|), z-derivatives ≤ "
+         f"10 ulp, float32 ≤ {F32_TARGET:g} float32 ulp.  A bold maximum misses its target.", "",
+         "**Regimes** (each point belongs to the first that applies):", ""]
+    L += [f"- *{reg}*: {REGIME_TEXT[reg]}" for reg in REGIMES]
+    L += ["", "**Grid.** " + m["grid_text"], "",
+          f"Generated {m['date']} by `{m['command']}` (git {m['git']}, torch {m['torch']}, mpmath {m['mpmath']}; "
+          f"{m['seconds']:.0f} s with {m['workers']} worker(s)).  Every figure, with the worst point of each cell, "
+          "is in `docs/accuracy.json`.", ""]
+    for title, names, dt, f32 in (("float64 values", VALUE_FUNCS, "float64", False),
+                                  ("float64 derivatives with respect to z (autograd)", GRAD_FUNCS, "float64", False),
+                                  ("float32 values", VALUE_FUNCS, "float32", True)):
+        t = H.Table("function", "unit", "target", "regime", "points", "max", "median", "worst at (ν, z)",
+                    right=(4, 5, 6))
         for name in names:
-            cells = tab.get(name, {})
+            target, unit = (F32_TARGET, "float32 ulp") if f32 else (TARGETS[name], UNITS[name])
             for reg in ["all"] + REGIMES:
-                c = cells.get(reg)
-                if c is None:
-                    continue
-                t = target_of(name)
-                mx = _fmt(c["max"])
-                if c["max"] > t:
-                    mx = f"**{mx}**"
-                fn = f"`{name}`" if reg == "all" else ""
-                reg_txt = "**all**" if reg == "all" else reg
-                unit = units_of(name).replace("|", "\\|") if reg == "all" else ""  # a pipe ends a cell
-                L.append(f"| {fn} | {unit} | {f'{t:g}' if reg == 'all' else ''} "
-                         f"| {reg_txt} | {c['n']} | {mx} | {_fmt(c['median'])} | {_fmt_point(c['worst'])} |")
-        L.append("")
-
-    table("float64 values", VALUE_FUNCS, res["float64"], lambda n: UNITS[n], lambda n: TARGETS[n])
-    table("float64 derivatives with respect to z (autograd)", GRAD_FUNCS, res["float64"], lambda n: UNITS[n],
-          lambda n: TARGETS[n])
-    table("float32 values", VALUE_FUNCS, res["float32"], lambda n: "float32 ulp", lambda n: F32_TARGET)
-
-    L.append("## Bounds (`bessel_iv_ratio_bounds`)")
-    L.append("")
-    L.append("Bracket: the lower bound must not exceed the exact ratio, nor the upper bound fall below it, by "
-             "more than 2 ulp (of the exact ratio). *excess* is the largest of (lower − R) and (R − upper) in "
-             "ulp: negative means strictly inside.")
-    L.append("")
-    L.append("| theorem | points | violations | max excess (ulp) |")
-    L.append("|---|---:|---:|---:|")
+                c = res[dt].get(name, {}).get(reg)
+                if c is not None:
+                    mx = _fmt(c["max"]) if c["max"] <= target else f"**{_fmt(c['max'])}**"
+                    top = reg == "all"  # a pipe ends a cell
+                    t.add(f"`{name}`" if top else "", unit.replace("|", "\\|") if top else "",
+                          f"{target:g}" if top else "", "**all**" if top else reg, c["n"], mx, _fmt(c["median"]),
+                          _fmt_point(c["worst"]))
+        L += [f"## {title}", "", str(t)]
+    t = H.Table("theorem", "points", "violations", "max excess (ulp)", right=(1, 2, 3))
     for th in ("5", "4"):
         b = res["bounds"][th]
-        L.append(f"| {th} | {b['n']} | {len(b['violations'])} | {b['max_excess_ulp']:.3g} |")
-    L.append("")
-    L.append("Accuracy of the computed bounds against their own formulas (evaluated in mpmath), in ulp "
-             "(no target; they are closed forms computed with hypot so that nothing overflows):")
-    L.append("")
-    L.append("| bound | points | max | median | worst at (ν, z) |")
-    L.append("|---|---:|---:|---:|---|")
-    for k in sorted(res["bound_formulas"]):
-        c = res["bound_formulas"][k]
-        L.append(f"| {k} | {c['n']} | {_fmt(c['max'])} | {_fmt(c['median'])} | {_fmt_point(c['worst'])} |")
-    L.append("")
+        t.add(th, b["n"], len(b["violations"]), f"{b['max_excess_ulp']:.3g}")
+    L += ["## Bounds (`bessel_iv_ratio_bounds`)", "",
+          "Bracket: the lower bound must not exceed the exact ratio, nor the upper bound fall below it, by more than "
+          "2 ulp (of the exact ratio). *excess* is the largest of (lower − R) and (R − upper) in ulp: negative means "
+          "strictly inside.", "", str(t),
+          "Accuracy of the computed bounds against their own formulas (evaluated in mpmath), in ulp (no target; they "
+          "are closed forms computed with hypot so that nothing overflows):", ""]
+    t = H.Table("bound", "points", "max", "median", "worst at (ν, z)", right=(1, 2, 3))
+    for k, c in sorted(res["bound_formulas"].items()):
+        t.add(k, c["n"], _fmt(c["max"]), _fmt(c["median"]), _fmt_point(c["worst"]))
     fails = res["reference_failures"]
-    L.append(f"Reference failures (points where mpmath could not certify a value, left out above): {len(fails)}.")
-    L.append("")
-    for f in fails[:20]:
-        L.append(f"- {f['dtype']} `{f['function']}` at ν = {f['nu']!r}, z = {f['z']!r}: {f['error']}")
-    if fails:
-        L.append("")
-    return "\n".join(L)
+    L += [str(t), f"Reference failures (points where mpmath could not certify a value, left out above): {len(fails)}.",
+          ""]
+    L += [f"- {f['dtype']} `{f['function']}` at ν = {f['nu']!r}, z = {f['z']!r}: {f['error']}" for f in fails[:20]]
+    return "\n".join(L + ([""] if fails else []))
 
 
-def parse_args(argv=None):
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--points", type=int, default=12000, 
-                   help="about this many float64 points (default 12000, ~15 min on one core)")
+    p.add_argument("--points", type=int, default=12000, help="about this many float64 points (default 12000, ~15 min "
+                   "on one core)")
     p.add_argument("--points32", type=int, default=None, help="float32 points (default points/4)")
     p.add_argument("--seed", type=int, default=20240531, help="seed of the random points")
     p.add_argument("--workers", type=int, default=1, help="processes computing references (default 1)")
     p.add_argument("--out", default=os.path.join(ROOT, "docs"), help="folder for accuracy.md / accuracy.json")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    p.add_argument("--render", metavar="JSON", default=None,
-                   help="only re-render accuracy.md (into --out) from an accuracy.json")
-    return p.parse_args(argv)
-
-
-def main(argv=None):
-    args = parse_args(argv)
-    if args.render:
-        res = load_json(args.render)
-        with open(os.path.join(args.out, "accuracy.md"), "w") as f:
-            f.write(render_markdown(res))
-        return res
+    p.add_argument("--report", action="store_true", help="only re-render <out>/accuracy.md from its JSON")
+    args = p.parse_args(argv)
+    if args.report:
+        res = H.load_json(os.path.join(args.out, "accuracy.json"))
+        return H.write_report("accuracy", res, render_markdown, args.out, finish=False)
     import mpmath
     import torch
 
     torch.set_num_threads(args.threads)
     t_start = time.time()
-    res = {"float64": {}, "float32": {}}
-    grid_info = {}
-    all_fail = []
+    res, grid_info, all_fail = {"float64": {}, "float32": {}}, {}, []
     for label, f32, n in (("float64", False, args.points), ("float32", True, args.points32 or args.points // 4)):
         points, info = build_points(n, args.seed, f32)
-        grid_info[label] = dict(info, points=len(points))
         refs, secs = compute_references(points, args.workers, label, f32)
-        grid_info[label]["reference_seconds"] = round(secs, 1)
-        ours = our_values(points, torch.float32 if f32 else torch.float64)
-        table, fails, bounds, bform = analyse(points, refs, ours, f32)
-        res[label] = table
+        grid_info[label] = dict(info, points=len(points), reference_seconds=round(secs, 1))
+        res[label], fails, bounds, bform = analyse(points, refs, our_values(points, torch.float32 if f32 else
+                                                                            torch.float64), f32)
         all_fail += [dict(f, dtype=label) for f in fails]
         if not f32:
-            res["bounds"] = {str(k): v for k, v in bounds.items()}
-            res["bound_formulas"] = bform
+            res["bounds"], res["bound_formulas"] = {str(k): v for k, v in bounds.items()}, bform
     res["reference_failures"] = all_fail
-    ref = _ref()
     g64, g32 = grid_info["float64"], grid_info["float32"]
     grid_text = (
-        f"{g64['points']} float64 points: {g64['orders']} orders ν (0, 1e-300, 1e-8, 1/2, 1/2 + 2⁻⁵², 3/4, "
-        f"integers and half-integers, the algorithms' switch points 8, 12, 20, 30 and their neighbours, up to "
-        f"1e6, plus generic orders log-spaced in [1e-3, 1e6]) × {g64['args_per_order']} arguments z "
-        f"(log-spaced from 5e-324 through 1e300, denser in [1e-3, 1e8], plus 2^1000·1.5 and DBL_MAX) and, for "
-        f"each order, z = ν·(0.5, 0.9, 0.999, 1, 1.001, 1.1, 2) and z = ν²·(0.1, 1, 10, 100); plus "
-        f"{g64['random']} seeded random points (seed {args.seed}; ν log-uniform in [1e-3, 1e6], a quarter "
-        f"rounded to half-integers; z log-uniform over the whole range, near ν, or near ν²).  The ratio rows "
-        f"use the points with ν ≥ 1/2.  {g32['points']} float32 points from the same construction rounded to "
-        f"float32 (z from 1.4e-45 to FLT_MAX).")
+        f"{g64['points']} float64 points: {g64['orders']} orders ν (0, 1e-300, 1e-8, 1/2, 1/2 + 2⁻⁵², 3/4, integers "
+        f"and half-integers, the algorithms' switch points 8, 12, 20, 30 and their neighbours, up to 1e6, plus generic "
+        f"orders log-spaced in [1e-3, 1e6]) × {g64['args_per_order']} arguments z (log-spaced from 5e-324 through "
+        f"1e300, denser in [1e-3, 1e8], plus 2^1000·1.5 and DBL_MAX) and, for each order, z = ν·(0.5, 0.9, 0.999, 1, "
+        f"1.001, 1.1, 2) and z = ν²·(0.1, 1, 10, 100); plus {g64['random']} seeded random points (seed {args.seed}; ν "
+        f"log-uniform in [1e-3, 1e6], a quarter rounded to half-integers; z log-uniform over the whole range, near ν, "
+        f"or near ν²).  The ratio rows use the points with ν ≥ 1/2.  {g32['points']} float32 points from the same "
+        f"construction rounded to float32 (z from 1.4e-45 to FLT_MAX).")
     res["meta"] = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "python -m benchmarks.accuracy" + ("" if argv is None and len(sys.argv) <= 1 else " " + " ".join(
-            shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))),
-        "git": git_rev(),
-        "torch": torch.__version__,
-        "mpmath": mpmath.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "reference_digits": ref.DIGITS,
-        "workers": args.workers,
-        "seconds": round(time.time() - t_start, 1),
-        "grid": grid_info,
-        "grid_text": grid_text,
-        "targets": dict(TARGETS, float32=F32_TARGET),
-        "units": UNITS,
-        "regimes": REGIME_TEXT,
-    }
-    os.makedirs(args.out, exist_ok=True)
-    save_json(res, os.path.join(args.out, "accuracy.json"))
-    with open(os.path.join(args.out, "accuracy.md"), "w") as f:
-        f.write(render_markdown(res))
-    print(render_markdown(res))
+        "command": " ".join(["python -m benchmarks.accuracy"] + [shlex.quote(a) for a in (
+            sys.argv[1:] if argv is None else argv)]),
+        "git": H.git_rev(), "torch": torch.__version__, "mpmath": mpmath.__version__,
+        "python": platform.python_version(), "machine": platform.machine(), "reference_digits": R.DIGITS,
+        "workers": args.workers, "seconds": round(time.time() - t_start, 1), "grid": grid_info,
+        "grid_text": grid_text, "targets": dict(TARGETS, float32=F32_TARGET), "units": UNITS,
+        "regimes": REGIME_TEXT}
+    print(open(H.write_report("accuracy", res, render_markdown, args.out)).read())
     return res
 
 

@@ -17,11 +17,12 @@ minimum over the rounds (the machine may be shared).
   ``bench_special.py`` (contiguous inputs of equal shape) and for the outer-product
   broadcast above (1e6 elements, (100, 1) x (1, 10000), for the two exact functions).
 
-    python benchmarks/bench_broadcast.py --before /path/to/main --after . [--write]
+    python -m benchmarks.run broadcast --before /path/to/main [--after .] [--rounds 3]
+
+(not part of ``all``: it needs a second tree).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -29,7 +30,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks import harness as H
+
+TITLE = "copy-free broadcasting: peak memory and speed, two builds compared"
+IN_ALL = False
 OUTER = (2000, 10000)
 OPS = ["bessel_iv_ratio", "log_bessel_iv", "bessel_iv_ratio_bounds", "bessel_iv_ratio_approx",
        "log_bessel_iv_asymptotic"]
@@ -52,18 +56,16 @@ out = out[0] if isinstance(out, tuple) else out
 print((peak - before) / out.nbytes)
 """
 
+# vmfdist is already imported from the measured tree; the harness and the workloads come from this one
 _SPEED = r"""
-import json, sys, time, torch
-sys.path.insert(0, {bench!r})
-from bench_special import workload
+import json, sys, torch
+sys.path.insert(0, {root!r})
+from benchmarks.bench_special import workload
+from benchmarks.harness import time_fn
 from vmfdist import special as S
-res = {{}}
 def best(fn, *args, reps=5):
-    fn(*args)
-    t = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter(); fn(*args); t = min(t, time.perf_counter() - t0)
-    return t
+    return time_fn(lambda: fn(*args), min_reps=reps, max_reps=reps, min_total=0)["min"]
+res = {{}}
 for op in {ops!r}:
     fn = getattr(S, op)
     n = 1_000_000 if op in {fast!r} else 100_000
@@ -80,76 +82,53 @@ print(json.dumps(res))
 """
 
 
+def add_args(p):
+    p.add_argument("--before", default=None, help="source tree of the build to compare against (required)")
+    p.add_argument("--after", default=H.ROOT, help="source tree of the build measured (default: this one)")
+    p.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 3; --quick 1)")
+    p.add_argument("--notes", default="", help="a paragraph on reading the numbers, kept in the JSON and the page")
+
+
 def _run(tree: str, code: str) -> str:
-    tree = Path(tree).resolve()
-    env = dict(os.environ, PYTHONPATH=str(tree))
+    tree = str(Path(tree).resolve())
     # run outside any source tree: python -c puts the working directory first on sys.path
-    code = f"import vmfdist; assert vmfdist.__file__.startswith({str(tree)!r}), vmfdist.__file__\n" + code
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
-                         cwd=tempfile.gettempdir())
+    code = f"import vmfdist; assert vmfdist.__file__.startswith({tree!r}), vmfdist.__file__\n" + code
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=tree), capture_output=True,
+                         text=True, check=True, cwd=tempfile.gettempdir())
     return out.stdout.strip().splitlines()[-1]
 
 
-def measure(trees: dict, rounds: int) -> dict:
-    mem = {label: {} for label in trees}
-    speed = {label: {} for label in trees}
+def run(args):
+    if args.before is None:
+        raise SystemExit("broadcast: --before TREE is required (a source tree with a built extension)")
+    rounds = args.rounds or (1 if args.quick else 3)
+    res = {"meta": H.meta(args), "memory": {"before": {}, "after": {}}, "speed": {"before": {}, "after": {}},
+           "rounds": rounds, "notes": args.notes}
     for _ in range(rounds):
-        for label, tree in trees.items():
+        for label, tree in (("before", args.before), ("after", args.after)):
             for op in OPS:
                 r = float(_run(tree, _MEMORY.format(rows=OUTER[0], cols=OUTER[1], op=op)))
-                mem[label][op] = min(mem[label].get(op, float("inf")), r)
-            s = json.loads(_run(tree, _SPEED.format(bench=str(ROOT / "benchmarks"), ops=OPS, fast=sorted(FAST),
-                                                   outer=OUTER)))
+                res["memory"][label][op] = min(res["memory"][label].get(op, float("inf")), r)
+            s = json.loads(_run(tree, _SPEED.format(root=H.ROOT, ops=OPS, fast=sorted(FAST), outer=OUTER)))
             for k, v in s.items():
-                speed[label][k] = min(speed[label].get(k, float("inf")), v)
-    return {"memory": mem, "speed": speed}
-
-
-def report(res: dict, before: str, after: str) -> str:
-    mem, speed = res["memory"], res["speed"]
-    lines = [
-        "| op | peak / output, before | peak / output, after |",
-        "|---|---:|---:|",
-    ]
-    for op in OPS:
-        lines.append(f"| {op} | {mem[before][op]:.2f} | {mem[after][op]:.2f} |")
-    lines += ["", "| op, workload | ns/element before | ns/element after | after / before |", "|---|---:|---:|---:|"]
-    for k in speed[after]:
-        b, a = speed[before][k], speed[after][k]
-        lines.append(f"| {k} | {b:.2f} | {a:.2f} | {a / b:.2f} |")
-    return "\n".join(lines)
+                res["speed"][label][k] = min(res["speed"][label].get(k, float("inf")), v)
+    return res
 
 
 def render(res: dict) -> str:
-    """docs/benchmarks/broadcast.md from the recorded JSON (tests/test_benchmarks.py checks it)."""
+    mem, speed = res["memory"], res["speed"]
+    t = H.Table("op", "peak / output, before", "peak / output, after", right=(1, 2))
+    for op in OPS:
+        t.add(op, f"{mem['before'][op]:.2f}", f"{mem['after'][op]:.2f}")
+    s = H.Table("op, workload", "ns/element before", "ns/element after", "after / before", right=(1, 2, 3))
+    for k, a in speed["after"].items():
+        s.add(k, f"{speed['before'][k]:.2f}", f"{a:.2f}", f"{a / speed['before'][k]:.2f}")
     return ("# Broadcasting without copies\n\n"
             "The elementwise ops used to broadcast by `expand(...).contiguous()`, so orders of shape (2000, 1)\n"
             "against arguments of shape (1, 10000) allocated both inputs at the output's size.  They now\n"
             "broadcast through `at::TensorIterator` strides (`csrc/host/elementwise_host.h`).  Below,\n"
             "*before* is a build of main without that change and *after* this tree, measured in the same run\n"
-            f"by `python benchmarks/bench_broadcast.py --before MAIN --rounds {res['rounds']} --write` (each figure the\n"
+            f"by `python -m benchmarks.run broadcast --before MAIN --rounds {res['rounds']}` (each figure the\n"
             "best of the rounds; float64, CPU, torch's default thread count).\n\n"
-            + __doc__[__doc__.index("* Peak"):__doc__.index("    python benchmarks")].strip() + "\n\n"
-            + report(res, "before", "after") + "\n"
-            + (f"\n{res['notes']}\n" if res.get("notes") else ""))
-
-
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--before", required=True, help="source tree of the build to compare against")
-    p.add_argument("--after", default=str(ROOT), help="source tree of the build measured (default: this one)")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--write", action="store_true", help="write docs/benchmarks/broadcast.{json,md}")
-    p.add_argument("--notes", default="", help="a paragraph on reading the numbers, kept in the JSON and the page")
-    a = p.parse_args()
-    res = measure({"before": a.before, "after": a.after}, a.rounds)
-    print(report(res, "before", "after"))
-    res["rounds"] = a.rounds
-    res["notes"] = a.notes
-    if a.write:
-        (ROOT / "docs" / "benchmarks" / "broadcast.json").write_text(json.dumps(res, indent=1) + "\n")
-        (ROOT / "docs" / "benchmarks" / "broadcast.md").write_text(render(res))
-
-
-if __name__ == "__main__":
-    main()
+            + __doc__[__doc__.index("* Peak"):__doc__.index("    python -m benchmarks")].strip() + "\n\n"
+            + str(t) + "\n" + str(s) + (f"\n{res['notes']}\n" if res.get("notes") else ""))

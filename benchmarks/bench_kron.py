@@ -94,10 +94,6 @@ def run(args):
     return {"meta": meta, "rows": rows}
 
 
-def _ms(s):
-    return f"{s * 1e3:.1f} ms" if s < 10 else f"{s:.2f} s"
-
-
 def render(res):
     m, rows = res["meta"], res["rows"]
     n, r = m["size"], m["rhs"]
@@ -114,8 +110,8 @@ def render(res):
     t = H.Table("job", "implementation", "min", "median", "× bare (min)", "× bare (median)")
     for row in rows:
         b = "**" if row["impl"] == "ours" else ""
-        t.add(row["group"], f"{b}{row['impl']}{b}", _ms(row["min"]), _ms(row["median"]), f"{row['vs_bare_min']:.2f}",
-              f"{row['vs_bare_median']:.2f}")
+        t.add(row["group"], f"{b}{row['impl']}{b}", H.fmt_time(row["min"]), H.fmt_time(row["median"]),
+              f"{row['vs_bare_min']:.2f}", f"{row['vs_bare_median']:.2f}")
     L += ["", str(t), "Agreement with a float64 evaluation of the same formula (max abs error / max abs value):\n"]
     L += [f"- {k.replace('|', ', ')}: {x:.1e}" for k, x in m["checks"].items()]
     L += ["", "For the sampling rows, *bare matmuls* is the two products $Q_{out} V Q_{in}^T$ alone; the composite "

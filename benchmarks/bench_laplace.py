@@ -24,21 +24,25 @@ the two implementations agree (largest relative difference of the outputs).
 """
 from __future__ import annotations
 
-import argparse
 import warnings
 
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from benchmarks import harness as H
+
 TITLE = "Laplace: fit and predictive against laplace-torch"
-NAME = "laplace"
 
 MODELS = ("uci_mlp", "digits_mlp", "digits_cnn")
 
 
-def add_args(p: argparse.ArgumentParser) -> None:
+def add_args(p):
     p.add_argument("--models", nargs="*", default=list(MODELS), choices=MODELS)
     p.add_argument("--max-call", type=float, default=20.0, help="cap (s) on one call of a slow implementation")
 
 
-def _setup(name, torch, nn):
+def _setup(name):
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     if name == "uci_mlp":
@@ -64,21 +68,14 @@ def _setup(name, torch, nn):
 
 
 def _rel(a, b):
-    import torch
-
     if isinstance(a, tuple):
         return max(_rel(x, y) for x, y in zip(a, b))
     return float((a - b).abs().max() / b.abs().max().clamp_min(torch.finfo(b.dtype).tiny))
 
 
 def run(args) -> dict:
-    from benchmarks import harness as H
+    from laplace import KronLaplace  # the peer (benchmarks/requirements-kron.txt)
 
-    import torch
-    from torch import nn
-    from torch.utils.data import DataLoader, TensorDataset
-
-    from laplace import KronLaplace
     from vmfdist.laplace import EKFACLaplace, KFACLaplace
 
     warnings.simplefilter("ignore")
@@ -87,7 +84,7 @@ def run(args) -> dict:
     tkw["max_call"] = args.max_call
     rows = []
     for name in args.models:
-        model, lik, X, y, Xt = _setup(name, torch, nn)
+        model, lik, X, y, Xt = _setup(name)
         loader = DataLoader(TensorDataset(X, y), batch_size=128)
         impls = {"laplace-torch": lambda: KronLaplace(model, lik), "KFACLaplace": lambda: KFACLaplace(model, lik),
                  "EKFACLaplace": lambda: EKFACLaplace(model, lik)}
@@ -99,22 +96,14 @@ def run(args) -> dict:
         ref = fitted["laplace-torch"]
         n_params = ref.n_params
 
-        def task_fit(make):
-            return lambda: make().fit(loader)
-
-        def task_glm(la):
-            return lambda: la(Xt)
-
-        def task_marglik(la):
-            return lambda: la.optimize_prior_precision(method="marglik", n_steps=100, prior_structure="layerwise")
-
-        def task_nn(la):
-            return lambda: la(Xt, pred_type="nn", link_approx="mc", n_samples=100)
-
-        for task, build, impl_names in (("fit", lambda k: task_fit(impls[k]), list(impls)),
-                                        ("glm predictive", lambda k: task_glm(fitted[k]), list(impls)),
-                                        ("marglik", lambda k: task_marglik(fitted[k]), ["laplace-torch", "KFACLaplace"]),
-                                        ("nn predictive", lambda k: task_nn(fitted[k]), ["laplace-torch", "KFACLaplace"])):
+        pair = ["laplace-torch", "KFACLaplace"]
+        tasks = {"fit": (lambda k: lambda: impls[k]().fit(loader), list(impls)),
+                 "glm predictive": (lambda k: lambda: fitted[k](Xt), list(impls)),
+                 "marglik": (lambda k: lambda: fitted[k].optimize_prior_precision(
+                     method="marglik", n_steps=100, prior_structure="layerwise"), pair),
+                 "nn predictive": (lambda k: lambda: fitted[k](Xt, pred_type="nn", link_approx="mc", n_samples=100),
+                                   pair)}
+        for task, (build, impl_names) in tasks.items():
             times = {}
             for k in impl_names:
                 times[k] = H.time_fn(build(k), **tkw)
@@ -127,20 +116,20 @@ def run(args) -> dict:
             elif task == "fit":
                 agree = abs(float(fitted["KFACLaplace"].log_marginal_likelihood(ref.prior_precision)
                                   - ref.log_marginal_likelihood())) / abs(float(ref.log_marginal_likelihood()))
-            rows.append({"model": name, "likelihood": lik, "n_params": n_params, "N": len(X), "n_test": len(Xt), "task": task,
-                         "times": times, "agreement": agree})
+            rows.append({"model": name, "likelihood": lik, "n_params": n_params, "N": len(X), "n_test": len(Xt),
+                         "task": task, "times": times, "agreement": agree})
     return {"meta": meta, "rows": rows}
 
 
 def render(result) -> str:
-    from benchmarks import harness as H
-
-    lines = H.header(result, TITLE, f"python -m benchmarks.run laplace --threads {result['meta']['threads']}", NAME)
+    threads = result["meta"]["threads"]
+    lines = H.header(result, TITLE, f"python -m benchmarks.run laplace --threads {threads}", "laplace")
     lines += ["",
               f"Same model, data and settings for both libraries: float32 on the CPU, "
               f"{result['meta']['threads']} thread(s), exact-GGN Kronecker "
               "factors (laplace-torch's default `CurvlinopsGGN` backend), weights and biases in separate "
-              "blocks, batches of 128, 500 test inputs (50 for the CNN: laplace-torch's Jacobians for 500 needed 18 GB).  Times are the minimum over repeats "
+              "blocks, batches of 128, 500 test inputs (50 for the CNN: laplace-torch's Jacobians for 500 needed "
+              "18 GB).  Times are the minimum over repeats "
               "(`benchmarks/harness.py`); *speed-up* is laplace-torch's time over ours (> 1: we are faster).  "
               "*agreement* is the largest relative difference between our result and laplace-torch's "
               "(fit: log marginal likelihood; GLM predictive: the outputs; marglik: the optimised prior "
@@ -151,12 +140,11 @@ def render(result) -> str:
               ""]
     t = H.Table("model", "task", "laplace-torch", "KFACLaplace", "speed-up", "EKFACLaplace", "agreement")
     for r in result["rows"]:
-        ts = r["times"]
-        ref = ts["laplace-torch"]["min"]
-        ours = ts["KFACLaplace"]["min"]
-        ek = ts.get("EKFACLaplace", {}).get("min")
-        t.add(f"{r['model']} ({r['n_params']} params, N = {r['N']}, {r.get('n_test', 500)} test)", r["task"], H.fmt_time(ref), H.fmt_time(ours),
-              H.fmt_ratio(ref / ours), H.fmt_time(ek), "—" if r["agreement"] is None else f"{r['agreement']:.1e}")
+        ref, ours = r["times"]["laplace-torch"]["min"], r["times"]["KFACLaplace"]["min"]
+        t.add(f"{r['model']} ({r['n_params']} params, N = {r['N']}, {r.get('n_test', 500)} test)", r["task"],
+              H.fmt_time(ref), H.fmt_time(ours), H.fmt_ratio(ref / ours),
+              H.fmt_time(r["times"].get("EKFACLaplace", {}).get("min")),
+              "—" if r["agreement"] is None else f"{r['agreement']:.1e}")
     lines.append(str(t))
     fit_ok = all(r["times"]["laplace-torch"]["min"] >= r["times"]["KFACLaplace"]["min"] for r in result["rows"]
                  if r["task"] in ("fit", "glm predictive"))

@@ -430,10 +430,8 @@ def render(res):
                   zs)
         L += ["## Sanity checks of the timed samples\n", "On the warm-up output at the largest n each implementation "
               "ran: rows with a non-finite entry, max | ‖x‖ − 1 |, and the mean of w = μᵀx against E[w] = A_d(κ) of "
-              "the "
-              "vMF (z = (mean − A_d) / standard error). PowerSpherical is a different distribution (its E[w] differs "
-              "by "
-              "design). A large |z| for a vMF sampler means wrong samples.\n", str(t)]
+              "the vMF (z = (mean − A_d) / standard error). PowerSpherical is a different distribution (its E[w] "
+              "differs by design). A large |z| for a vMF sampler means wrong samples.\n", str(t)]
     if res.get("e1_checks"):
         t = H.Table("case", "implementation", "n", "non-finite rows", "z")
         for c in res["e1_checks"]:

@@ -1,19 +1,13 @@
 """The timing harness and report writer shared by every benchmark (see benchmarks/README.md).
 
-A benchmark is a module ``benchmarks/bench_<area>.py`` that defines
+An area is a module ``benchmarks/bench_<area>.py`` defining ``TITLE``, ``run(args) -> dict`` (with a
+``"meta"`` record from :func:`meta`), ``render(result) -> str`` (the markdown, from the result alone)
+and optionally ``add_args(parser)`` and ``plot(result, path)``; ``python -m benchmarks.run <area>``
+runs it and writes docs/benchmarks/<area>.{md,json[,png]} through :func:`write_report`.
 
-    TITLE = "..."                               # one line, for --help
-    def add_args(parser): ...                   # its own options (optional)
-    def run(args) -> dict                       # {"meta": meta(args, ...), "rows": [...], ...}
-    def render(result) -> str                   # the markdown, from the result alone
-    def plot(result, path) -> None              # optional: a .png next to the markdown
-
-and ``python -m benchmarks.run <area>`` times it and writes docs/benchmarks/<area>.{md,json[,png]}
-through :func:`write_report`; ``--report`` re-renders from the JSON without running anything.
-
-Timing: :func:`time_fn` (warm-up call, then repeats until a minimum count and total time; min and
-median) or :func:`time_rounds` (several implementations called in interleaved rounds, so that load
-changes on a shared machine hit all of them).  Tables use the minimum; the JSON keeps the median.
+Timing: :func:`time_fn` (one implementation: warm-up, then repeats until a count and a total time)
+or :func:`time_rounds` (several, in interleaved rounds, so that load changes on a shared machine hit
+all of them).  Tables use the minimum; the JSON keeps the median.
 """
 from __future__ import annotations
 
@@ -25,7 +19,7 @@ import statistics
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Dict, Iterable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT_DIR = os.path.join(ROOT, "docs", "benchmarks")
@@ -45,10 +39,9 @@ def timing(quick: bool) -> Dict[str, float]:
 def set_threads(threads: int) -> None:
     """Give every library the same number of threads.  Call before numpy / JAX are imported
     (XLA and the BLAS libraries read their settings once); torch is set here too."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "intra_op_parallelism_threads" not in flags:
-        extra = f"--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads={threads}"
-        os.environ["XLA_FLAGS"] = (flags + " " + extra).strip()
+    if "intra_op_parallelism_threads" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=true "
+                                   f"intra_op_parallelism_threads={threads}").strip()
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(k, str(threads))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -68,8 +61,8 @@ _JAX: Dict[str, object] = {}
 
 
 def jax_tfp():
-    """(jax, tfp) with float64 enabled, or (None, None) when JAX / TFP cannot be imported
-    (the reason is in :func:`versions`)."""
+    """(jax, tfp) with float64 enabled, or (None, None) when they cannot be imported (the reason
+    is in :func:`versions`)."""
     if not _JAX:
         try:
             import jax
@@ -93,31 +86,25 @@ def versions(*packages: str) -> Dict[str, str]:
 
     v = {"python": platform.python_version(), "torch": torch.__version__}
     for p in ("numpy",) + packages:
-        if p == "jax":
-            jax, _ = jax_tfp()
-            if jax is None:
-                v["jax"] = f"unavailable ({_JAX['error']})"
-                continue
-            for q in ("jax", "jaxlib", "tensorflow-probability"):
-                v[q] = version(q)
-            v["jax backend"] = jax.default_backend()
-            continue
-        try:
-            v[p] = version(p)
-        except PackageNotFoundError:
-            v[p] = "unavailable"
+        if p != "jax":
+            try:
+                v[p] = version(p)
+            except PackageNotFoundError:
+                v[p] = "unavailable"
+        elif jax_tfp()[0] is None:
+            v["jax"] = f"unavailable ({_JAX['error']})"
+        else:
+            v.update({q: version(q) for q in ("jax", "jaxlib", "tensorflow-probability")})
+            v["jax backend"] = _JAX["jax"].default_backend()
     return v
 
 
 def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 def git_rev() -> str:
@@ -129,7 +116,7 @@ def git_rev() -> str:
         return "?"
 
 
-def meta(args, packages: Iterable[str] = (), **extra) -> dict:
+def meta(args, packages=(), **extra) -> dict:
     """The record every report starts with: date, commit, machine, versions, threads, load.
     :func:`write_report` adds ``load_after`` and ``seconds``."""
     import torch
@@ -139,11 +126,17 @@ def meta(args, packages: Iterable[str] = (), **extra) -> dict:
          "quick": bool(args.quick), "load_before": list(os.getloadavg()), "t_start": time.time()}
     if torch.cuda.is_available():
         m["gpu"] = torch.cuda.get_device_name()
-    m.update(extra)
-    return m
+    return {**m, **extra}
 
 
 # --------------------------------------------------------------------------- timing
+
+
+def _once(fn, sync) -> float:
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - t0
 
 
 def time_fn(fn: Callable[[], object], *, min_reps: int = 5, max_reps: int = 50, min_total: float = 0.4,
@@ -151,10 +144,9 @@ def time_fn(fn: Callable[[], object], *, min_reps: int = 5, max_reps: int = 50, 
             on_warmup: Optional[Callable[[object], None]] = None) -> Dict[str, float]:
     """Seconds per call of ``fn()``: one untimed warm-up call (its output goes to ``on_warmup``), then
     repeats until at least ``min_reps`` calls and ``min_total`` seconds (at most ``max_reps``; 3 calls
-    suffice when one takes over 0.5 s).  Returns ``{"min", "median", "reps", "warmup"}``.
-
-    When the warm-up alone takes longer than ``max_call`` s, one more call is made (none above
-    3 * max_call) and ``reps`` is 0: min and median are then the better and worse of the two."""
+    suffice when one takes over 0.5 s).  Returns ``{"min", "median", "reps", "warmup"}``.  When the
+    warm-up alone takes longer than ``max_call`` s, one more call is made (none above 3 * max_call)
+    and ``reps`` is 0: min and median are then the better and worse of the two."""
     sync()
     t0 = time.perf_counter()
     out = fn()
@@ -166,8 +158,7 @@ def time_fn(fn: Callable[[], object], *, min_reps: int = 5, max_reps: int = 50, 
     if tw > max_call:
         ts = [tw] if tw > 3 * max_call else [tw, _once(fn, sync)]
         return {"min": min(ts), "median": max(ts), "reps": 0, "warmup": tw}
-    if tw > 0.5:
-        min_reps = min(min_reps, 3)
+    min_reps = min(min_reps, 3) if tw > 0.5 else min_reps
     ts: List[float] = []
     t_start = time.perf_counter()
     while len(ts) < max_reps and (len(ts) < min_reps or time.perf_counter() - t_start < min_total):
@@ -175,21 +166,14 @@ def time_fn(fn: Callable[[], object], *, min_reps: int = 5, max_reps: int = 50, 
     return {"min": min(ts), "median": statistics.median(ts), "reps": len(ts), "warmup": tw}
 
 
-def _once(fn, sync) -> float:
-    t0 = time.perf_counter()
-    fn()
-    sync()
-    return time.perf_counter() - t0
-
-
 def time_rounds(fns: Dict[str, Callable[[], object]], rounds: int, sync: Callable[[], None] = lambda: None,
                 verbose: bool = True) -> Dict[str, Dict[str, object]]:
     """One warm-up call of each, then ``rounds`` rounds that call every implementation once, in
     order.  Returns ``{name: {"min", "median", "times"}}``."""
-    times: Dict[str, List[float]] = {k: [] for k in fns}
     for f in fns.values():
         f()
         sync()
+    times: Dict[str, List[float]] = {k: [] for k in fns}
     for r in range(rounds):
         for k, f in fns.items():
             sync()
@@ -209,8 +193,7 @@ def split_threads(fn: Callable, n: int, threads: int) -> list:
         return [fn(0, n)]
     pool = _POOL.setdefault(threads, ThreadPoolExecutor(threads))
     cuts = [n * i // threads for i in range(threads + 1)]
-    futs = [pool.submit(fn, lo, hi) for lo, hi in zip(cuts[:-1], cuts[1:]) if hi > lo]
-    return [f.result() for f in futs]
+    return [f.result() for f in [pool.submit(fn, lo, hi) for lo, hi in zip(cuts[:-1], cuts[1:]) if hi > lo]]
 
 
 def canary(size: int = 100_000, ops: int = 100) -> float:
@@ -218,13 +201,7 @@ def canary(size: int = 100_000, ops: int = 100) -> float:
     import torch
 
     x = torch.rand(size)
-    best = math.inf
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(ops):
-            torch.exp(x)
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return time_fn(lambda: [torch.exp(x) for _ in range(ops)], min_reps=3, max_reps=3, min_total=0)["min"]
 
 
 # --------------------------------------------------------------------------- report
@@ -262,10 +239,11 @@ def fmt_rate(v: Optional[float]) -> str:
 
 
 class Table:
-    """A markdown table: ``t = Table("a", "b"); t.add(1, 2); str(t)``."""
+    """A markdown table: ``t = Table("a", "b"); t.add(1, 2); str(t)``; the columns named in ``right``
+    (indices) are right-aligned."""
 
-    def __init__(self, *header: str):
-        self.header = list(header)
+    def __init__(self, *header: str, right=()):
+        self.header, self.right = list(header), set(right)
         self.rows: List[List[str]] = []
 
     def add(self, *cells) -> "Table":
@@ -273,62 +251,49 @@ class Table:
         return self
 
     def __str__(self) -> str:
-        lines = ["| " + " | ".join(self.header) + " |", "|" + "---|" * len(self.header)]
-        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in self.rows]) + "\n"
+        rule = "|" + "".join("---:|" if i in self.right else "---|" for i in range(len(self.header)))
+        return "\n".join(["| " + " | ".join(self.header) + " |", rule] + ["| " + " | ".join(r) + " |"
+                                                                         for r in self.rows]) + "\n"
 
 
 def header(result: dict, title: str, command: str, name: str) -> List[str]:
     """The opening lines every report shares: title, command, date, commit, machine, load, versions."""
     m = result["meta"]
     lb, la = m["load_before"], m.get("load_after", m["load_before"])
-    lines = [f"# {title}\n",
-             f"Generated by `{command}` (see `benchmarks/README.md`); raw numbers in `{name}.json`.\n",
-             f"- Date {m['date']}, git `{m['git']}`, {'quick run' if m.get('quick') else 'full run'}"
-             + (f", {m['seconds']:.0f} s total." if "seconds" in m else "."),
-             f"- CPU: {m['cpu']} ({m['nproc']} logical cores); load average ({'/'.join(('1', '5', '15')[:len(lb)])} "
-             f"min) before {'/'.join(f'{x:.2f}' for x in lb)}, after {'/'.join(f'{x:.2f}' for x in la)}."
-             + (f" GPU: {m['gpu']}." if "gpu" in m else ""),
-             "- " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + "."]
-    return lines
+    return [f"# {title}\n",
+            f"Generated by `{command}` (see `benchmarks/README.md`); raw numbers in `{name}.json`.\n",
+            f"- Date {m['date']}, git `{m['git']}`, {'quick run' if m.get('quick') else 'full run'}"
+            + (f", {m['seconds']:.0f} s total." if "seconds" in m else "."),
+            f"- CPU: {m['cpu']} ({m['nproc']} logical cores); load average ({'/'.join(('1', '5', '15')[:len(lb)])} "
+            f"min) before {'/'.join(f'{x:.2f}' for x in lb)}, after {'/'.join(f'{x:.2f}' for x in la)}."
+            + (f" GPU: {m['gpu']}." if "gpu" in m else ""),
+            "- " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + "."]
 
 
-def _json_safe(o):
-    if isinstance(o, float) and not math.isfinite(o):
-        return str(o)
+def _json_map(o, leaf):
     if isinstance(o, dict):
-        return {k: _json_safe(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_json_safe(v) for v in o]
-    return o
-
-
-def _json_unsafe(o):
-    if o in ("inf", "-inf", "nan"):
-        return float(o)
-    if isinstance(o, dict):
-        return {k: _json_unsafe(v) for k, v in o.items()}
-    if isinstance(o, list):
-        return [_json_unsafe(v) for v in o]
-    return o
+        return {k: _json_map(v, leaf) for k, v in o.items()}
+    return [_json_map(v, leaf) for v in o] if isinstance(o, (list, tuple)) else leaf(o)
 
 
 def save_json(obj, path: str) -> None:
     """JSON with inf / nan written as strings (JSON has neither)."""
     with open(path, "w") as f:
-        json.dump(_json_safe(obj), f, indent=1, ensure_ascii=False)
+        json.dump(_json_map(obj, lambda x: str(x) if isinstance(x, float) and not math.isfinite(x) else x), f,
+                  indent=1, ensure_ascii=False)
         f.write("\n")
 
 
 def load_json(path: str):
     with open(path) as f:
-        return _json_unsafe(json.load(f))
+        return _json_map(json.load(f), lambda x: float(x) if x in ("inf", "-inf", "nan") else x)
 
 
 def write_report(name: str, result: dict, render: Callable[[dict], str], out_dir: str = OUT_DIR,
                  plot: Optional[Callable[[dict, str], None]] = None, finish: bool = True) -> str:
     """Write <out_dir>/<name>.json, <name>.md (``render(result)``) and, with ``plot``, <name>.png.
     ``finish`` records ``load_after`` and ``seconds`` in the meta first (off when re-rendering)."""
-    m = result["meta"]
+    m = result.get("meta", {})
     if finish and "t_start" in m:
         m["load_after"] = list(os.getloadavg())
         m["seconds"] = time.time() - m.pop("t_start")

@@ -56,6 +56,9 @@ def main(argv=None):
         mod, p = parser(area)
         args = p.parse_args(argv[1:])
         out = args.out or (QUICK_OUT if args.quick else harness.OUT_DIR)
+        if argv[0] == "all" and not args.report and not getattr(mod, "IN_ALL", True):
+            print(f"=== {area}: not run by all (see python -m benchmarks.run {area} --help)", flush=True)
+            continue
         if args.report:
             res = harness.load_json(os.path.join(out, f"{area}.json"))
             harness.write_report(area, res, mod.render, out, getattr(mod, "plot", None), finish=False)

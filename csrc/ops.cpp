@@ -105,6 +105,18 @@ TORCH_LIBRARY(vmfdist, m) {
   m.def("kron_eigen_sample(Tensor loc, Tensor q_out, Tensor q_in, Tensor variance, SymInt num_samples, *, "
         "Generator? generator=None, int? seed=None, int? offset=None) -> (Tensor, Tensor)",
         {at::Tag::nondeterministic_seeded});
+  // The damped natural-gradient step of noisy K-FAC / EK-FAC (vmfdist.optim) for one layer:
+  // D = Q_out ((Q_out^T U Q_in) / (scale + damping)) Q_in^T with U = weight_decay * w + grad +
+  // grad_out^T grad_in (the loss gradient as a matrix, as per-example rows, or both); returns
+  // (D, <D, U> as a 0-dim tensor).  2-D operands of one dtype: w, grad, scale (out, in), q_out
+  // (out, out), q_in (in, in), grad_out (n, out), grad_in (n, in).  No derivative (an optimizer update).
+  m.def("kron_eigen_ngd(Tensor q_out, Tensor q_in, Tensor scale, float damping, Tensor w, float weight_decay, "
+        "Tensor? grad=None, Tensor? grad_out=None, Tensor? grad_in=None) -> (Tensor, Tensor)");
+  // beta * moments + alpha * ((e Q_out)^2)^T (x Q_in)^2, squares elementwise: EK-FAC's running
+  // second moments of the per-example gradients e_n x_n^T in the Kronecker eigenbasis (examples
+  // with one location each).  x (n, in), e (n, out), moments (out, in), one dtype.  No derivative.
+  m.def("kron_eigen_moments(Tensor q_out, Tensor q_in, Tensor x, Tensor e, Tensor moments, float beta, "
+        "float alpha) -> Tensor");
 
   // ---- Counter-based randomness (Philox4x32-10, csrc/include/vmfdist/philox.h) ----
   // Raw Philox4x32 blocks: counter (n, 4) and key (n, 2) hold uint32 values in int64.

@@ -65,6 +65,7 @@ __all__ = [
     "dlog_ive",
     "dratio",
     "log_iv_method",
+    "ratio_bounds",
     "ReferenceError_",
 ]
 
@@ -474,3 +475,24 @@ def round_float32(x) -> float:
         n = int(mpmath.nint(q))  # mpmath nint rounds half to even
         y = float(mpmath.ldexp(mpf(n), max(e, -126) - 23))
         return float(np.float32(y))  # exact (or overflow to inf)
+
+
+def ratio_bounds(nu, z, theorem: int, dps: int = 60):
+    """(lower, upper): the formulas of Ruiz-Antolin and Segura's bounds on R_nu(z), theorem 4 or 5,
+    evaluated in mpmath at `dps` digits and rationalised where they cancel -- the reference for how
+    well a floating-point evaluation computes the formulas (not for the ratio itself)."""
+    with mp.workdps(dps):
+        nu, z = mpf(nu), mpf(z)
+        if theorem == 4:
+            def b4(c):
+                h = mpmath.sqrt((nu + c) ** 2 + z * z)
+                return z / ((nu - c) + h) if nu >= c else (h + (c - nu)) / (4 * c * nu / z + z)
+
+            return b4(mpf(1) / 2), b4(mpf(1))
+
+        def b5(alpha):
+            lam = nu + mpf(alpha - 1) / 2
+            delta = (nu - mpf(1) / 2) + lam / (2 * mpmath.sqrt(lam * lam + z * z))
+            return z / (delta + mpmath.sqrt(delta * delta + z * z))
+
+        return b5(2), b5(0)

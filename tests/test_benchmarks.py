@@ -60,6 +60,7 @@ def test_split_threads_covers_range_once():
 def test_table_and_formats():
     t = H.Table("a", "b").add(1, None)
     assert str(t) == "| a | b |\n|---|---|\n| 1 |  |\n"
+    assert str(H.Table("a", "b", "c", right=(1,)).add(1, 2, 3)) == "| a | b | c |\n|---|---:|---|\n| 1 | 2 | 3 |\n"
     assert [H.fmt_ratio(x) for x in (0.0364, 2.7, 43.14, 250.0, None)] == ["0.036×", "2.70×", "43.1×", "250×", "—"]
     assert [H.fmt_n(x) for x in (1000, 20000, 5)] == ["1e3", "2e4", "5e0"]
     assert [H.fmt_time(x) for x in (3.1e-5, 0.4372, 2.0)] == ["31.0 µs", "437.20 ms", "2.00 s"]
@@ -81,9 +82,27 @@ def test_recorded_report_matches_its_json(area):
         assert mod.render(H.load_json(os.path.join(DOCS, f"{area}.json"))) == f.read()
 
 
-def test_recorded_accuracy_table_matches_its_json():
+def test_recorded_accuracy_table_matches_its_json(tmp_path):
     with open(os.path.join(H.ROOT, "docs", "accuracy.md")) as f:
-        assert accuracy.render_markdown(H.load_json(os.path.join(H.ROOT, "docs", "accuracy.json"))) == f.read()
+        md = f.read()
+    assert accuracy.render_markdown(H.load_json(os.path.join(H.ROOT, "docs", "accuracy.json"))) == md
+    # --report re-renders through the shared report writer, JSON unchanged
+    with open(os.path.join(H.ROOT, "docs", "accuracy.json")) as f:
+        raw = f.read()
+    (tmp_path / "accuracy.json").write_text(raw)
+    accuracy.main(["--report", "--out", str(tmp_path)])
+    assert (tmp_path / "accuracy.md").read_text() == md and (tmp_path / "accuracy.json").read_text() == raw
+
+
+def test_all_skips_areas_not_in_all(tmp_path, monkeypatch, capsys):
+    """broadcast needs a second tree: `all` leaves it out (and says so), `all --report` re-renders it."""
+    monkeypatch.setattr(R, "areas", lambda: ["broadcast"])
+    assert R.main(["all", "--quick", "--out", str(tmp_path)]) == 0
+    assert "broadcast: not run by all" in capsys.readouterr().out and not list(tmp_path.iterdir())
+    for ext in ("json", "md"):
+        (tmp_path / f"broadcast.{ext}").write_text(open(os.path.join(DOCS, f"broadcast.{ext}")).read())
+    assert R.main(["all", "--report", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "broadcast.md").read_text() == open(os.path.join(DOCS, "broadcast.md")).read()
 
 
 def test_driver_runs_an_area_end_to_end(tmp_path, monkeypatch):

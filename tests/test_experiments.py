@@ -195,14 +195,36 @@ def test_radial_robustness_smoke(tmp_path):
         cli.main(["radial-robustness", "--lrs", "-1", "--out", str(tmp_path)])
 
 
+@pytest.mark.parametrize("kind", ["meanfield", "radial"])
+def test_robustness_pretraining_moves_only_the_means(kind):
+    from vmfdist import nn as bnn
+    from vmfdist.experiments import robustness
+    torch.manual_seed(0)
+    model = bnn.to_bayesian(torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)), kind)
+    x, y = torch.randn(40, 3), torch.randint(0, 2, (40,))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    losses = robustness.pretrain_means(model, x, y, 2, lr=1e-2, seed=0)
+    assert len(losses) == 2 and all(math.isfinite(v) for v in losses)
+    for n, p in model.named_parameters():
+        moved = not torch.equal(p, before[n])
+        assert moved == ("rho" not in n), n  # means (and biases) move, the scale parameters do not
+    assert all(m.mode == "sample" for _, m in bnn.bayesian_modules(model))  # the mode is restored
+
+
 def test_laplace_calibration_smoke(tmp_path):
     cli.main(["laplace-calibration", "--seeds", "1", "--epochs", "1", "--out", str(tmp_path)])
     r = json.loads((tmp_path / "laplace_calibration.json").read_text())
     s = r["seeds"][0]
-    for m in ("map", "kfac-laplace", "ekfac-laplace", "kfac-laplace-last", "ekfac-laplace-last"):
+    for m in ("map", "kfac-laplace", "ekfac-laplace", "kfac-laplace-val", "ekfac-laplace-val", "kfac-laplace-last",
+              "ekfac-laplace-last"):
         assert 0.0 <= s[m]["accuracy"] <= 1.0 and s[m]["nll"] > 0 and 0.0 <= s[m]["ood_auroc"] <= 1.0
         assert 0.0 <= s[m]["ece"] <= 1.0
     assert s["kfac-laplace"]["prior_precision"] > 0
+    # the validation prior is a point of the documented grid 10^-2 .. 10^5 (29 points)
+    for m in ("kfac-laplace-val", "ekfac-laplace-val"):
+        k = (math.log10(s[m]["prior_precision"]) + 2) * 4
+        assert abs(k - round(k)) < 1e-4 and 0 <= round(k) <= 28
+    assert r["settings"]["data"] == "digits: 1149 train / 288 validation / 360 test"
     text = (tmp_path / "laplace_calibration.md").read_text()
     assert "| EK-FAC Laplace |" in text and (tmp_path / "laplace_calibration.png").stat().st_size > 0
 

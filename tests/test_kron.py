@@ -308,6 +308,118 @@ def test_opcheck_kron_ops():
     torch.library.opcheck(lib.kron_eigen_sample, (v, qo, qi, s, 3), {"seed": 123, "offset": 0})
 
 
+def test_plain_matrix_path_matches_the_batched_one():
+    """2-D operands of one dtype take a shorter path (plain GEMMs): the same values as a batch of one
+    (which takes the batched path) and as the dense formula; the sample's noise is the same stream."""
+    qo, qi, s, v = orth(6, 0), orth(4, 1), pos((6, 4), 2), randn((6, 4), 3)
+    for power in (1.0, -1.0, 0.5, 0.3):
+        y = lib.kron_eigen_matvec(qo, qi, s, v, power)
+        torch.testing.assert_close(y, lib.kron_eigen_matvec(qo, qi, s, v.unsqueeze(0), power)[0], rtol=1e-13,
+                                   atol=1e-13)
+        torch.testing.assert_close(y, dense_matvec(qo, qi, s, v, power), rtol=1e-12, atol=1e-12)
+    w = lib.kron_eigen_sample(v, qo, qi, s, 1, seed=5, offset=3)[0]
+    wb = lib.kron_eigen_sample(v.unsqueeze(0), qo, qi, s, 1, seed=5, offset=3)[0]
+    e = lib.kron_eigen_noise(s, [1, 6, 4], _so(5, 3), 0.5)
+    assert w.shape == (1, 6, 4)
+    torch.testing.assert_close(w, wb[:, 0], rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(w[0], v + qo @ e[0] @ qi.T, rtol=1e-13, atol=1e-13)
+    # a broadcast (1, in) scale is not a plain matrix: still the formula
+    s1 = pos((1, 4), 4)
+    torch.testing.assert_close(lib.kron_eigen_matvec(qo, qi, s1, v, -1.0), dense_matvec(qo, qi, s1.expand(6, 4), v, -1.0),
+                               rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------
+# kron_eigen_ngd / kron_eigen_moments (the noisy K-FAC / EK-FAC update)
+
+
+@pytest.mark.parametrize("form", ["matrix", "rows", "both", "none"])
+def test_ngd_is_the_damped_dense_solve(form):
+    """D = P^{-1} U with P = (Q_out (x) Q_in) diag(vec(scale) + damping) (Q_out (x) Q_in)^T (dense solve) and
+    U = weight_decay * w + grad + grad_out^T grad_in; the second output is <D, U>."""
+    out, inn, n = 5, 3, 7
+    qo, qi, s = orth(out, 0), orth(inn, 1), pos((out, inn), 2)
+    w, g, go, gi = randn((out, inn), 3), randn((out, inn), 4), randn((n, out), 5), randn((n, inn), 6)
+    damping, wd = 0.3, 0.05
+    kw = {}
+    u = wd * w
+    if form in ("matrix", "both"):
+        kw["grad"] = g
+        u = u + g
+    if form in ("rows", "both"):
+        kw["grad_out"], kw["grad_in"] = go, gi
+        u = u + go.T @ gi
+    d, inner = lib.kron_eigen_ngd(qo, qi, s, damping, w, wd, **kw)
+    k = torch.kron(qo, qi)
+    p = k @ torch.diag(vec(s) + damping) @ k.T
+    ref = torch.linalg.solve(p, vec(u)).reshape(out, inn)
+    torch.testing.assert_close(d, ref, rtol=1e-12, atol=1e-13)
+    assert inner.shape == ()
+    torch.testing.assert_close(inner, (ref * u).sum(), rtol=1e-12, atol=1e-13)
+    d32, _ = lib.kron_eigen_ngd(qo.float(), qi.float(), s.float(), damping, w.float(), wd,
+                                **{key: t.float() for key, t in kw.items()})
+    torch.testing.assert_close(d32.double(), ref, rtol=2e-5, atol=2e-5 * ref.abs().max().item())
+
+
+def test_moments_are_the_per_example_second_moments():
+    """beta * M + alpha * sum_n (Q_out^T e_n x_n^T Q_in)^2, the per-example products built one by one."""
+    out, inn, n = 4, 6, 5
+    qo, qi, m = orth(out, 0), orth(inn, 1), pos((out, inn), 2)
+    x, e = randn((n, inn), 3), randn((n, out), 4)
+    got = lib.kron_eigen_moments(qo, qi, x, e, m, 0.9, 0.25)
+    ref = 0.9 * m + 0.25 * sum((qo.T @ torch.outer(e[k], x[k]) @ qi) ** 2 for k in range(n))
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-13)
+
+
+def test_ngd_and_moments_errors():
+    qo, qi, s, w = orth(3, 0), orth(2, 1), pos((3, 2), 2), randn((3, 2), 3)
+    x, e = randn((4, 2), 4), randn((4, 3), 5)
+    with pytest.raises(RuntimeError, match=r"kron_eigen_ngd: q_out must be the \(out, out\) eigenbasis"):
+        lib.kron_eigen_ngd(orth(2, 0), qi, s, 0.1, w, 0.0)
+    with pytest.raises(RuntimeError, match="kron_eigen_ngd: scale must have w's shape"):
+        lib.kron_eigen_ngd(qo, qi, pos((2, 3), 0), 0.1, w, 0.0)
+    with pytest.raises(RuntimeError, match="kron_eigen_ngd: grad must have w's shape"):
+        lib.kron_eigen_ngd(qo, qi, s, 0.1, w, 0.0, grad=randn((2, 3), 0))
+    with pytest.raises(RuntimeError, match="grad_out and grad_in must be given together"):
+        lib.kron_eigen_ngd(qo, qi, s, 0.1, w, 0.0, grad_out=e)
+    with pytest.raises(RuntimeError, match="grad_in must be an \\(n, in\\) matrix with grad_out's 4 rows"):
+        lib.kron_eigen_ngd(qo, qi, s, 0.1, w, 0.0, grad_out=e, grad_in=randn((3, 2), 0))
+    with pytest.raises(RuntimeError, match=r"kron_eigen_ngd: scale must have the dtype of w \(Double\), got Float"):
+        lib.kron_eigen_ngd(qo, qi, s.float(), 0.1, w, 0.0)
+    with pytest.raises(RuntimeError, match="damping must be finite"):
+        lib.kron_eigen_ngd(qo, qi, s, math.nan, w, 0.0)
+    with pytest.raises(RuntimeError, match="kron_eigen_moments: e must be an \\(n, out\\) matrix with x's 4 rows"):
+        lib.kron_eigen_moments(qo, qi, x, e[:3], s, 1.0, 1.0)
+    with pytest.raises(RuntimeError, match="kron_eigen_moments: moments must have shape"):
+        lib.kron_eigen_moments(qo, qi, x, e, s.T, 1.0, 1.0)
+    with pytest.raises(RuntimeError, match="kron_eigen_moments: q_in must be the"):
+        lib.kron_eigen_moments(qo, orth(3, 0), x, e, s, 1.0, 1.0)
+    with pytest.raises(RuntimeError, match="kron_eigen_moments: x must be a floating tensor"):
+        lib.kron_eigen_moments(qo, qi, x.long(), e, s, 1.0, 1.0)
+
+
+def test_opcheck_ngd_and_moments():
+    qo, qi, s, w = orth(3, 0), orth(4, 1), pos((3, 4), 2), randn((3, 4), 3)
+    go, gi = randn((5, 3), 4), randn((5, 4), 5)
+    torch.library.opcheck(lib.kron_eigen_ngd, (qo, qi, s, 0.1, w, 0.2), {"grad": randn((3, 4), 6)})
+    torch.library.opcheck(lib.kron_eigen_ngd, (qo.float(), qi.float(), s.float(), 0.0, w.float(), 0.2),
+                          {"grad_out": go.float(), "grad_in": gi.float()})
+    torch.library.opcheck(lib.kron_eigen_moments, (qo, qi, gi, go, s, 0.5, 0.1))
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda())
+def test_ngd_and_moments_devices_agree(device):
+    qo, qi, s, w = orth(6, 0), orth(5, 1), pos((6, 5), 2), randn((6, 5), 3)
+    go, gi = randn((4, 6), 4), randn((4, 5), 5)
+    on = [t.to(device) for t in (qo, qi, s, w, go, gi)]
+    d, inner = lib.kron_eigen_ngd(*on[:3], 0.1, on[3], 0.2, grad_out=on[4], grad_in=on[5])
+    d0, inner0 = lib.kron_eigen_ngd(qo, qi, s, 0.1, w, 0.2, grad_out=go, grad_in=gi)
+    torch.testing.assert_close(d.cpu(), d0, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(inner.cpu(), inner0, rtol=1e-12, atol=1e-12)
+    m = lib.kron_eigen_moments(on[0], on[1], on[5], on[4], on[2], 0.9, 0.1)
+    torch.testing.assert_close(m.cpu(), lib.kron_eigen_moments(qo, qi, gi, go, s, 0.9, 0.1), rtol=1e-12, atol=1e-12)
+
+
 # ---------------------------------------------------------------------------
 # kron_eigen_noise / kron_eigen_sample
 

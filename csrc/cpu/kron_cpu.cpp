@@ -1,5 +1,5 @@
-// CPU kernels of the Kronecker-eigenbasis ops: the matrix products and the
-// orchestration are shared with CUDA (vmfdist/kron_host.h); this file supplies the
+// CPU kernels of the Kronecker-eigenbasis ops: the matrix products, the
+// orchestration and the operators are shared with CUDA (host/kron_host.h); this file supplies the
 // two fused elementwise passes as at::parallel_for loops over the math of
 // vmfdist/kron.h.  The noise depends only on (seed, offset, row), so any thread
 // count gives the same tensor.
@@ -26,10 +26,12 @@ using kron::PowMode;
 
 constexpr int64_t kGrain = 32768;  // elements per task of the elementwise pass
 
+// The two passes below run through isa::dispatch (macros.h), once per parallel_for task.
+
 // t *= s^p over [0, rows * in) in stretches that stay inside one batch entry.
 template <PowMode M, typename scalar_t>
-VMF_TARGET_CLONES void scale_mul_range(scalar_t* t, const scalar_t* s, const BatchOffsets& offs, int64_t per_batch,
-                                       int64_t begin, int64_t end, double power) {
+void scale_mul_range(scalar_t* t, const scalar_t* s, const BatchOffsets& offs, int64_t per_batch, int64_t begin,
+                     int64_t end, double power) {
   using opmath_t = at::opmath_type<scalar_t>;
   const opmath_t p = static_cast<opmath_t>(power);
   int64_t i = begin;
@@ -45,8 +47,8 @@ VMF_TARGET_CLONES void scale_mul_range(scalar_t* t, const scalar_t* s, const Bat
 // One noise row: z[0, in) = E * s^p.  float32 draws its normals with the
 // vectorised float Box-Muller (the same values as kron::noise4).
 template <PowMode M, typename scalar_t>
-VMF_TARGET_CLONES void noise_row(scalar_t* z, const scalar_t* s, int64_t in, uint64_t seed, uint64_t offset,
-                                 uint64_t row, double power) {
+void noise_row(scalar_t* z, const scalar_t* s, int64_t in, uint64_t seed, uint64_t offset, uint64_t row,
+               double power) {
   using opmath_t = at::opmath_type<scalar_t>;
   const opmath_t p = static_cast<opmath_t>(power);
   if constexpr (std::is_same_v<scalar_t, float>) {
@@ -64,7 +66,7 @@ VMF_TARGET_CLONES void noise_row(scalar_t* z, const scalar_t* s, int64_t in, uin
   }
 }
 
-struct CpuBackend {
+struct CpuBackend : CpuSeeds {
   static void scale_mul(at::Tensor& t, const at::Tensor& s, const BatchOffsets& offs, int64_t out, int64_t in,
                         double power) {
     const int64_t per_batch = out * in;
@@ -74,13 +76,11 @@ struct CpuBackend {
       const scalar_t* ps = s.const_data_ptr<scalar_t>();
       kron::dispatch_pow_mode(kron::pow_mode(power), [&]<PowMode M>() {
         at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
-          scale_mul_range<M, scalar_t>(pt, ps, offs, per_batch, begin, end, power);
+          isa::dispatch([&] { scale_mul_range<M, scalar_t>(pt, ps, offs, per_batch, begin, end, power); });
         });
       });
     });
   }
-
-  using Seed = SeedOffset;
 
   static void noise(at::Tensor& z, const at::Tensor& s, const BatchOffsets& offs, int64_t out, int64_t in,
                     const Seed& so, double power) {
@@ -92,46 +92,27 @@ struct CpuBackend {
       const scalar_t* ps = s.const_data_ptr<scalar_t>();
       kron::dispatch_pow_mode(kron::pow_mode(power), [&]<PowMode M>() {
         at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-          for (int64_t r = begin; r < end; ++r) {
-            const int64_t b = r / out, i = r - b * out;
-            noise_row<M, scalar_t>(pz + r * in, ps + offs(b) + i * in, in, seed, offset, static_cast<uint64_t>(r),
-                                   power);
-          }
+          isa::dispatch([&] {
+            for (int64_t r = begin; r < end; ++r) {
+              const int64_t b = r / out, i = r - b * out;
+              noise_row<M, scalar_t>(pz + r * in, ps + offs(b) + i * in, in, seed, offset, static_cast<uint64_t>(r),
+                                     power);
+            }
+          });
         });
       });
     });
   }
 };
 
-at::Tensor kron_eigen_matvec_cpu(const at::Tensor& q_out, const at::Tensor& q_in, const at::Tensor& scale,
-                                 const at::Tensor& v, double power) {
-  return kron::kron_eigen_matvec_impl<CpuBackend>(q_out, q_in, scale, v, power);
-}
-
-at::Tensor kron_eigen_noise_cpu(const at::Tensor& variance, c10::SymIntArrayRef size, const at::Tensor& seed_offset,
-                                double power) {
-  const SeedOffset so = read_seed_offset_cpu("kron_eigen_noise", seed_offset, 1);
-  return kron::kron_eigen_noise_impl<CpuBackend>(variance, C10_AS_INTARRAYREF_SLOW(size), so, power);
-}
-
-std::tuple<at::Tensor, at::Tensor> kron_eigen_sample_cpu(const at::Tensor& loc, const at::Tensor& q_out,
-                                                         const at::Tensor& q_in, const at::Tensor& variance,
-                                                         c10::SymInt num_samples,
-                                                         std::optional<at::Generator> generator,
-                                                         std::optional<int64_t> seed,
-                                                         std::optional<int64_t> offset) {
-  const int64_t n = num_samples.expect_int();
-  TORCH_CHECK(n >= 0, "kron_eigen_sample: num_samples must be non-negative, got ", n);
-  const SeedOffset so = cpu_seed_offset("kron_eigen_sample", generator, seed, offset, 1);
-  return {kron::kron_eigen_sample_impl<CpuBackend>(loc, q_out, q_in, variance, n, so), cpu_seed_offset_tensor(so)};
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(vmfdist, CPU, m) {
-  m.impl("kron_eigen_matvec", &kron_eigen_matvec_cpu);
-  m.impl("kron_eigen_noise", &kron_eigen_noise_cpu);
-  m.impl("kron_eigen_sample", &kron_eigen_sample_cpu);
+  m.impl("kron_eigen_ngd", &kron::Ops<CpuBackend>::ngd);
+  m.impl("kron_eigen_moments", &kron::Ops<CpuBackend>::moments);
+  m.impl("kron_eigen_matvec", &kron::Ops<CpuBackend>::matvec);
+  m.impl("kron_eigen_noise", &kron::Ops<CpuBackend>::noise);
+  m.impl("kron_eigen_sample", &kron::Ops<CpuBackend>::sample);
 }
 
 }  // namespace vmfdist

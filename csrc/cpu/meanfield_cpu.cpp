@@ -3,7 +3,9 @@
 // parallel range; a chunk evaluates softplus(rho) (and the KL terms) once and then serves
 // every sample, so no temporary of the output's size is made.  The normals of an element
 // depend only on (seed, offset, sample, position) and the KL's chunk sums are added in a
-// fixed order, so any thread count gives the same bits.
+// fixed order, so any thread count gives the same bits.  Every parallel_for task runs through
+// isa::dispatch (macros.h): the loops over a chunk are compiled for baseline x86-64 and for
+// AVX2 + FMA, the copy chosen at run time.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -113,8 +115,8 @@ void noise_chunk(uint64_t seed, uint64_t offset, uint64_t stream, int64_t start,
 
 // sigma[i] = softplus(rho[i]), and kl[i] = the KL term of element i when kWithKl.
 template <typename scalar_t, typename T, bool kWithKl, bool kLocFull, bool kScaleFull>
-VMF_TARGET_CLONES void scale_kl_chunk(const scalar_t* mu, const scalar_t* rho, const scalar_t* m, const scalar_t* s,
-                                      meanfield::Prior<T> p0, int64_t n, T* sigma, T* kl) {
+void scale_kl_chunk(const scalar_t* mu, const scalar_t* rho, const scalar_t* m, const scalar_t* s,
+                    meanfield::Prior<T> p0, int64_t n, T* sigma, T* kl) {
   for (int64_t i = 0; i < n; ++i) {
     const T r = static_cast<T>(rho[i]);
     const meanfield::Scale<T> q = meanfield::scale_of<T>(r);
@@ -127,7 +129,7 @@ VMF_TARGET_CLONES void scale_kl_chunk(const scalar_t* mu, const scalar_t* rho, c
 }
 
 template <typename scalar_t, typename T>
-VMF_TARGET_CLONES void combine_chunk(scalar_t* out, const scalar_t* loc, const T* sigma, const T* eps, int64_t n) {
+void combine_chunk(scalar_t* out, const scalar_t* loc, const T* sigma, const T* eps, int64_t n) {
   if (loc != nullptr) {
     for (int64_t i = 0; i < n; ++i) out[i] = static_cast<scalar_t>(static_cast<T>(loc[i]) + sigma[i] * eps[i]);
   } else {
@@ -139,9 +141,9 @@ VMF_TARGET_CLONES void combine_chunk(scalar_t* out, const scalar_t* loc, const T
 // derivative times g_kl when kWithKl.  (Flags as template arguments: a test inside the loop
 // would keep it from vectorising.)
 template <typename scalar_t, typename T, bool kLocGrad, bool kWithKl, bool kLocFull, bool kScaleFull>
-VMF_TARGET_CLONES void finish_grad_chunk(T g_kl, const scalar_t* mu, const scalar_t* rho, const scalar_t* m,
-                                         const scalar_t* s, meanfield::Prior<T> p0, const T* acc_ge,
-                                         const T* acc_g, int64_t n, scalar_t* g_mu, scalar_t* g_rho) {
+void finish_grad_chunk(T g_kl, const scalar_t* mu, const scalar_t* rho, const scalar_t* m, const scalar_t* s,
+                       meanfield::Prior<T> p0, const T* acc_ge, const T* acc_g, int64_t n, scalar_t* g_mu,
+                       scalar_t* g_rho) {
   for (int64_t i = 0; i < n; ++i) {
     const T r = static_cast<T>(rho[i]);
     if constexpr (kWithKl) {
@@ -160,7 +162,7 @@ VMF_TARGET_CLONES void finish_grad_chunk(T g_kl, const scalar_t* mu, const scala
 
 // acc_ge (+)= g * eps and, with kLoc, acc_g (+)= g: the first sample (kFirst) assigns.
 template <typename scalar_t, typename T, bool kFirst, bool kLoc>
-VMF_TARGET_CLONES void accumulate_chunk(T* acc_ge, T* acc_g, const scalar_t* g, const T* eps, int64_t n) {
+void accumulate_chunk(T* acc_ge, T* acc_g, const scalar_t* g, const T* eps, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const T gi = static_cast<T>(g[i]);
     acc_ge[i] = kFirst ? gi * eps[i] : acc_ge[i] + gi * eps[i];
@@ -193,22 +195,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> meanfield_sample_cpu(
     at::parallel_for(0, nchunk, grain_for(std::max<int64_t>(S, 1) * kChunk), [&](int64_t b, int64_t e) {
       std::vector<T> sigma(static_cast<size_t>(kChunk)), terms(static_cast<size_t>(with_kl ? kChunk : 0));
       std::vector<T> buf(static_cast<size_t>(save_noise ? 0 : kChunk));
-      for (int64_t c = b; c < e; ++c) {
-        const int64_t start = c * kChunk;
-        const int64_t n = std::min(kChunk, D - start);
-        const scalar_t* mu = en.mu == nullptr ? nullptr : en.mu + start;
-        dispatch_prior(with_kl, en.m_full, en.s_full, [&]<bool kWithKl, bool kLocFull, bool kScaleFull>() {
-          scale_kl_chunk<scalar_t, T, kWithKl, kLocFull, kScaleFull>(
-              mu, en.rho + start, kWithKl ? en.m + (kLocFull ? start : 0) : nullptr,
-              kWithKl ? en.s + (kScaleFull ? start : 0) : nullptr, en.p0, n, sigma.data(), terms.data());
-        });
-        if (with_kl) partial[static_cast<size_t>(c)] = sum_chunk<T>(terms.data(), n);
-        for (int64_t s = 0; s < S; ++s) {
-          T* eps = pn != nullptr ? pn + s * D + start : buf.data();  // straight into `noise` when kept
-          noise_chunk<scalar_t, T>(sd, of, static_cast<uint64_t>(s), start, n, eps);
-          combine_chunk<scalar_t, T>(po + s * D + start, mu, sigma.data(), eps, n);
+      isa::dispatch([&] {
+        for (int64_t c = b; c < e; ++c) {
+          const int64_t start = c * kChunk;
+          const int64_t n = std::min(kChunk, D - start);
+          const scalar_t* mu = en.mu == nullptr ? nullptr : en.mu + start;
+          dispatch_prior(with_kl, en.m_full, en.s_full, [&]<bool kWithKl, bool kLocFull, bool kScaleFull>() {
+            scale_kl_chunk<scalar_t, T, kWithKl, kLocFull, kScaleFull>(
+                mu, en.rho + start, kWithKl ? en.m + (kLocFull ? start : 0) : nullptr,
+                kWithKl ? en.s + (kScaleFull ? start : 0) : nullptr, en.p0, n, sigma.data(), terms.data());
+          });
+          if (with_kl) partial[static_cast<size_t>(c)] = sum_chunk<T>(terms.data(), n);
+          for (int64_t s = 0; s < S; ++s) {
+            T* eps = pn != nullptr ? pn + s * D + start : buf.data();  // straight into `noise` when kept
+            noise_chunk<scalar_t, T>(sd, of, static_cast<uint64_t>(s), start, n, eps);
+            combine_chunk<scalar_t, T>(po + s * D + start, mu, sigma.data(), eps, n);
+          }
         }
-      }
+      });
     });
     if (with_kl) {
       double total = 0.0;
@@ -247,40 +251,42 @@ std::tuple<at::Tensor, at::Tensor> meanfield_sample_backward_cpu(
     at::parallel_for(0, nchunk, grain_for(std::max<int64_t>(S, 1) * kChunk), [&](int64_t b, int64_t e) {
       std::vector<T> acc_ge(static_cast<size_t>(kChunk)), acc_g(static_cast<size_t>(loc_grad ? kChunk : 0));
       std::vector<T> buf(static_cast<size_t>(pn != nullptr ? 0 : kChunk));
-      for (int64_t c = b; c < e; ++c) {
-        const int64_t start = c * kChunk;
-        const int64_t n = std::min(kChunk, D - start);
-        if (S == 0) {  // only the KL: no samples to differentiate
-          std::fill(acc_ge.begin(), acc_ge.begin() + n, T(0));
-          if (loc_grad) std::fill(acc_g.begin(), acc_g.begin() + n, T(0));
-        }
-        for (int64_t s = 0; s < S; ++s) {
-          const T* eps = pn != nullptr ? pn + s * D + start : buf.data();
-          if (pn == nullptr) noise_chunk<scalar_t, T>(sd, of, static_cast<uint64_t>(s), start, n, buf.data());
-          const scalar_t* g = pg + s * D + start;
-          if (s == 0) {
-            loc_grad ? accumulate_chunk<scalar_t, T, true, true>(acc_ge.data(), acc_g.data(), g, eps, n)
-                     : accumulate_chunk<scalar_t, T, true, false>(acc_ge.data(), acc_g.data(), g, eps, n);
-          } else {
-            loc_grad ? accumulate_chunk<scalar_t, T, false, true>(acc_ge.data(), acc_g.data(), g, eps, n)
-                     : accumulate_chunk<scalar_t, T, false, false>(acc_ge.data(), acc_g.data(), g, eps, n);
+      isa::dispatch([&] {
+        for (int64_t c = b; c < e; ++c) {
+          const int64_t start = c * kChunk;
+          const int64_t n = std::min(kChunk, D - start);
+          if (S == 0) {  // only the KL: no samples to differentiate
+            std::fill(acc_ge.begin(), acc_ge.begin() + n, T(0));
+            if (loc_grad) std::fill(acc_g.begin(), acc_g.begin() + n, T(0));
           }
-        }
-        scalar_t* gm = loc_grad ? g_loc.mutable_data_ptr<scalar_t>() + start : nullptr;
-        scalar_t* gr = g_rho.mutable_data_ptr<scalar_t>() + start;
-        dispatch_prior(with_kl, en.m_full, en.s_full, [&]<bool kWithKl, bool kLocFull, bool kScaleFull>() {
-          const scalar_t* mu = kWithKl ? en.mu + start : nullptr;
-          const scalar_t* m = kWithKl ? en.m + (kLocFull ? start : 0) : nullptr;
-          const scalar_t* sc = kWithKl ? en.s + (kScaleFull ? start : 0) : nullptr;
-          if (loc_grad) {
-            finish_grad_chunk<scalar_t, T, true, kWithKl, kLocFull, kScaleFull>(g_kl, mu, en.rho + start, m, sc, en.p0,
-                                                                                acc_ge.data(), acc_g.data(), n, gm, gr);
-          } else {
-            finish_grad_chunk<scalar_t, T, false, kWithKl, kLocFull, kScaleFull>(
-                g_kl, mu, en.rho + start, m, sc, en.p0, acc_ge.data(), acc_g.data(), n, gm, gr);
+          for (int64_t s = 0; s < S; ++s) {
+            const T* eps = pn != nullptr ? pn + s * D + start : buf.data();
+            if (pn == nullptr) noise_chunk<scalar_t, T>(sd, of, static_cast<uint64_t>(s), start, n, buf.data());
+            const scalar_t* g = pg + s * D + start;
+            if (s == 0) {
+              loc_grad ? accumulate_chunk<scalar_t, T, true, true>(acc_ge.data(), acc_g.data(), g, eps, n)
+                       : accumulate_chunk<scalar_t, T, true, false>(acc_ge.data(), acc_g.data(), g, eps, n);
+            } else {
+              loc_grad ? accumulate_chunk<scalar_t, T, false, true>(acc_ge.data(), acc_g.data(), g, eps, n)
+                       : accumulate_chunk<scalar_t, T, false, false>(acc_ge.data(), acc_g.data(), g, eps, n);
+            }
           }
-        });
-      }
+          scalar_t* gm = loc_grad ? g_loc.mutable_data_ptr<scalar_t>() + start : nullptr;
+          scalar_t* gr = g_rho.mutable_data_ptr<scalar_t>() + start;
+          dispatch_prior(with_kl, en.m_full, en.s_full, [&]<bool kWithKl, bool kLocFull, bool kScaleFull>() {
+            const scalar_t* mu = kWithKl ? en.mu + start : nullptr;
+            const scalar_t* m = kWithKl ? en.m + (kLocFull ? start : 0) : nullptr;
+            const scalar_t* sc = kWithKl ? en.s + (kScaleFull ? start : 0) : nullptr;
+            if (loc_grad) {
+              finish_grad_chunk<scalar_t, T, true, kWithKl, kLocFull, kScaleFull>(
+                  g_kl, mu, en.rho + start, m, sc, en.p0, acc_ge.data(), acc_g.data(), n, gm, gr);
+            } else {
+              finish_grad_chunk<scalar_t, T, false, kWithKl, kLocFull, kScaleFull>(
+                  g_kl, mu, en.rho + start, m, sc, en.p0, acc_ge.data(), acc_g.data(), n, gm, gr);
+            }
+          });
+        }
+      });
     });
   });
   return {g_loc, g_rho};
@@ -289,8 +295,8 @@ std::tuple<at::Tensor, at::Tensor> meanfield_sample_backward_cpu(
 // ---- KL alone -------------------------------------------------------------------------
 
 template <typename scalar_t, typename T, bool kLocFull, bool kScaleFull>
-VMF_TARGET_CLONES void kl_terms_chunk(const scalar_t* mu, const scalar_t* rho, const scalar_t* m, const scalar_t* s,
-                                      meanfield::Prior<T> p0, int64_t n, T* out) {
+void kl_terms_chunk(const scalar_t* mu, const scalar_t* rho, const scalar_t* m, const scalar_t* s,
+                    meanfield::Prior<T> p0, int64_t n, T* out) {
   for (int64_t i = 0; i < n; ++i) {
     const meanfield::Prior<T> p = prior_at<scalar_t, T, kLocFull, kScaleFull>(p0, m, s, i);
     out[i] = meanfield::kl_term<T>(static_cast<T>(mu[i]), static_cast<T>(rho[i]), p);
@@ -298,9 +304,8 @@ VMF_TARGET_CLONES void kl_terms_chunk(const scalar_t* mu, const scalar_t* rho, c
 }
 
 template <typename scalar_t, typename T, bool kLocFull, bool kScaleFull>
-VMF_TARGET_CLONES void kl_grads_chunk(T g, const scalar_t* mu, const scalar_t* rho, const scalar_t* m,
-                                      const scalar_t* s, meanfield::Prior<T> p0, int64_t n, scalar_t* g_mu,
-                                      scalar_t* g_rho) {
+void kl_grads_chunk(T g, const scalar_t* mu, const scalar_t* rho, const scalar_t* m, const scalar_t* s,
+                    meanfield::Prior<T> p0, int64_t n, scalar_t* g_mu, scalar_t* g_rho) {
   for (int64_t i = 0; i < n; ++i) {
     const meanfield::Prior<T> p = prior_at<scalar_t, T, kLocFull, kScaleFull>(p0, m, s, i);
     T a, b;
@@ -326,16 +331,18 @@ at::Tensor meanfield_kl_cpu(const at::Tensor& loc_in, const at::Tensor& rho_in, 
     const auto en = operands<scalar_t, T>(loc, rho, pm, ps);
     at::parallel_for(0, nchunk, grain_for(kChunk), [&](int64_t b, int64_t e) {
       std::vector<T> terms(static_cast<size_t>(kChunk));
-      for (int64_t c = b; c < e; ++c) {
-        const int64_t start = c * kChunk;
-        const int64_t n = std::min(kChunk, D - start);
-        dispatch_prior(true, en.m_full, en.s_full, [&]<bool kWithKl, bool kLocFull, bool kScaleFull>() {
-          kl_terms_chunk<scalar_t, T, kLocFull, kScaleFull>(en.mu + start, en.rho + start,
-                                                            en.m + (kLocFull ? start : 0),
-                                                            en.s + (kScaleFull ? start : 0), en.p0, n, terms.data());
-        });
-        partial[static_cast<size_t>(c)] = sum_chunk<T>(terms.data(), n);
-      }
+      isa::dispatch([&] {
+        for (int64_t c = b; c < e; ++c) {
+          const int64_t start = c * kChunk;
+          const int64_t n = std::min(kChunk, D - start);
+          dispatch_prior(true, en.m_full, en.s_full, [&]<bool kWithKl, bool kLocFull, bool kScaleFull>() {
+            kl_terms_chunk<scalar_t, T, kLocFull, kScaleFull>(en.mu + start, en.rho + start,
+                                                              en.m + (kLocFull ? start : 0),
+                                                              en.s + (kScaleFull ? start : 0), en.p0, n, terms.data());
+          });
+          partial[static_cast<size_t>(c)] = sum_chunk<T>(terms.data(), n);
+        }
+      });
     });
     double total = 0.0;
     for (const double v : partial) total += v;
@@ -365,16 +372,18 @@ std::tuple<at::Tensor, at::Tensor> meanfield_kl_backward_cpu(const at::Tensor& g
     scalar_t* pgm = g_mu.mutable_data_ptr<scalar_t>();
     scalar_t* pgr = g_rho.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, nchunk, grain_for(kChunk), [&](int64_t b, int64_t e) {
-      for (int64_t c = b; c < e; ++c) {
-        const int64_t start = c * kChunk;
-        const int64_t n = std::min(kChunk, D - start);
-        dispatch_prior(true, en.m_full, en.s_full, [&]<bool kWithKl, bool kLocFull, bool kScaleFull>() {
-          kl_grads_chunk<scalar_t, T, kLocFull, kScaleFull>(g, en.mu + start, en.rho + start,
-                                                            en.m + (kLocFull ? start : 0),
-                                                            en.s + (kScaleFull ? start : 0), en.p0, n, pgm + start,
-                                                            pgr + start);
-        });
-      }
+      isa::dispatch([&] {
+        for (int64_t c = b; c < e; ++c) {
+          const int64_t start = c * kChunk;
+          const int64_t n = std::min(kChunk, D - start);
+          dispatch_prior(true, en.m_full, en.s_full, [&]<bool kWithKl, bool kLocFull, bool kScaleFull>() {
+            kl_grads_chunk<scalar_t, T, kLocFull, kScaleFull>(g, en.mu + start, en.rho + start,
+                                                              en.m + (kLocFull ? start : 0),
+                                                              en.s + (kScaleFull ? start : 0), en.p0, n, pgm + start,
+                                                              pgr + start);
+          });
+        }
+      });
     });
   });
   return {g_mu, g_rho};

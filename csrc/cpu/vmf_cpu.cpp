@@ -17,7 +17,7 @@
 #include "vmfdist/fast_normal.h"
 #include "vmfdist/vmf.h"
 #include "host/random_state.h"
-#include "host/vmf_checks.h"
+#include "host/vmf_host.h"
 
 namespace vmfdist {
 namespace {
@@ -25,8 +25,7 @@ namespace {
 // Pass 1 of a row (the normals are in e[0..n)): |e|^2, mu.e and |mu|^2 over the same
 // entries, with 8 independent double accumulators so the loop vectorises.
 template <class scalar_t>
-VMF_TARGET_CLONES inline void row_sums(const scalar_t* e, const scalar_t* mu, int64_t n, double* ee, double* me,
-                                       double* mm) {
+inline void row_sums(const scalar_t* e, const scalar_t* mu, int64_t n, double* ee, double* me, double* mm) {
   double a[8] = {0}, b[8] = {0}, c[8] = {0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -37,11 +36,13 @@ VMF_TARGET_CLONES inline void row_sums(const scalar_t* e, const scalar_t* mu, in
       c[l] += md * md;
     }
   }
-  for (int l = 0; i + l < n; ++l) {
-    const double ed = static_cast<double>(e[i + l]), md = static_cast<double>(mu[i + l]);
-    a[l] += ed * ed;
-    b[l] += md * ed;
-    c[l] += md * md;
+  for (int l = 0; l < 8; ++l) {  // the tail; constant lane indices keep the accumulators in registers
+    if (i + l < n) {
+      const double ed = static_cast<double>(e[i + l]), md = static_cast<double>(mu[i + l]);
+      a[l] += ed * ed;
+      b[l] += md * ed;
+      c[l] += md * md;
+    }
   }
   *ee = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
   *me = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
@@ -50,7 +51,7 @@ VMF_TARGET_CLONES inline void row_sums(const scalar_t* e, const scalar_t* mu, in
 
 // Pass 2 of a row: x_i = sy e_i + mu_i c, in double, rounded once.
 template <class scalar_t>
-VMF_TARGET_CLONES inline void row_rotate(scalar_t* x, const scalar_t* mu, int64_t n, double sy, double c) {
+inline void row_rotate(scalar_t* x, const scalar_t* mu, int64_t n, double sy, double c) {
   for (int64_t i = 0; i < n; ++i) {
     x[i] = static_cast<scalar_t>(sy * static_cast<double>(x[i]) + static_cast<double>(mu[i]) * c);
   }
@@ -107,6 +108,8 @@ constexpr int64_t kShortRow = 16;
 // Rows [begin, end): the tangent normals of each row from the stream (seed, offset + 1,
 // row) (fast_normal.h), then finish_row with the marginal from (seed, offset, row).
 // Wood's envelope is recomputed only when kappa changes from one row to the next.
+// Called through isa::dispatch (macros.h), so the vectorised normals and row passes
+// run in the AVX2 + FMA copy where the CPU has it.
 template <class scalar_t>
 void sample_rows(const scalar_t* pm, const scalar_t* pk, int64_t B, int64_t d, uint64_t seed, uint64_t offset,
                  int64_t begin, int64_t end, scalar_t* px, scalar_t* po) {
@@ -139,36 +142,29 @@ void sample_rows(const scalar_t* pm, const scalar_t* pk, int64_t B, int64_t d, u
   }
 }
 
-std::tuple<at::Tensor, at::Tensor> vmf_sample_cpu(const at::Tensor& loc_in, const at::Tensor& kappa_in,
-                                                  c10::SymInt num_samples_in, std::optional<at::Generator> generator,
-                                                  std::optional<int64_t> seed_in, std::optional<int64_t> offset_in) {
-  const int64_t num_samples = num_samples_in.expect_int();
-  check_vmf_sample_args(loc_in, kappa_in, num_samples);
-  const SeedOffset so = cpu_seed_offset("vmf_sample", generator, seed_in, offset_in, 2);
-  const uint64_t seed = so.seed, offset = so.offset;
-  const at::Tensor loc = loc_in.contiguous(), kappa = kappa_in.contiguous();
-  const int64_t B = loc.size(0), d = loc.size(1);
-  at::Tensor x = at::empty({num_samples, B, d}, loc.options());
-  at::Tensor omw = at::empty({num_samples, B}, loc.options());
-  const int64_t rows = num_samples * B;
-  if (rows == 0) return {x, omw};
-  const int64_t grain = std::max<int64_t>(1, 16384 / d);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, loc.scalar_type(), "vmf_sample", [&] {
-    const scalar_t* pm = loc.const_data_ptr<scalar_t>();
-    const scalar_t* pk = kappa.const_data_ptr<scalar_t>();
-    scalar_t* px = x.mutable_data_ptr<scalar_t>();
-    scalar_t* po = omw.mutable_data_ptr<scalar_t>();
-    at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-      sample_rows<scalar_t>(pm, pk, B, d, seed, offset, begin, end, px, po);
+// The kernel of vmf::Ops (host/vmf_host.h, shared with CUDA).
+struct CpuVmf : CpuSeeds {
+  static void sample(at::Tensor& x, at::Tensor& omw, const at::Tensor& loc, const at::Tensor& kappa,
+                     const SeedOffset& so) {
+    const uint64_t seed = so.seed, offset = so.offset;
+    const int64_t B = loc.size(0), d = loc.size(1), rows = x.size(0) * B;
+    const int64_t grain = std::max<int64_t>(1, 16384 / d);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, loc.scalar_type(), "vmf_sample", [&] {
+      const scalar_t* pm = loc.const_data_ptr<scalar_t>();
+      const scalar_t* pk = kappa.const_data_ptr<scalar_t>();
+      scalar_t* px = x.mutable_data_ptr<scalar_t>();
+      scalar_t* po = omw.mutable_data_ptr<scalar_t>();
+      at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+        isa::dispatch([&] { sample_rows<scalar_t>(pm, pk, B, d, seed, offset, begin, end, px, po); });
+      });
     });
-  });
-  return {x, omw};
-}
+  }
+};
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(vmfdist, CPU, m) {
-  m.impl("vmf_sample", &vmf_sample_cpu);
+  m.impl("vmf_sample", &vmf::Ops<CpuVmf>::sample);
 }
 
 }  // namespace vmfdist

@@ -1,5 +1,5 @@
-// CUDA kernels of the Kronecker-eigenbasis ops: the matrix products and the
-// orchestration are shared with the CPU (vmfdist/kron_host.h, cuBLAS through
+// CUDA kernels of the Kronecker-eigenbasis ops: the matrix products, the
+// orchestration and the operators are shared with the CPU (host/kron_host.h, cuBLAS through
 // ATen); this file supplies the two fused elementwise passes as grid-stride
 // kernels over the math of vmfdist/kron.h.  The noise uses the same Philox
 // streams and the same float / double Box-Muller as the CPU.
@@ -65,7 +65,7 @@ __global__ void noise_kernel(scalar_t* __restrict__ z, const scalar_t* __restric
   }
 }
 
-struct CudaBackend {
+struct CudaBackend : CudaSeeds {
   static void scale_mul(at::Tensor& t, const at::Tensor& s, const BatchOffsets& offs, int64_t out, int64_t in,
                         double power) {
     const c10::cuda::CUDAGuard guard(t.device());
@@ -80,9 +80,7 @@ struct CudaBackend {
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 
-  // [seed, offset] stays on the device (random_state.cuh): the kernels read it there.
-  using Seed = const int64_t*;
-
+  // [seed, offset] stays on the device (CudaSeeds, random_state.cuh): the kernels read it there.
   static void noise(at::Tensor& z, const at::Tensor& s, const BatchOffsets& offs, int64_t out, int64_t in,
                     const Seed& seed_offset, double power) {
     const c10::cuda::CUDAGuard guard(z.device());
@@ -99,39 +97,14 @@ struct CudaBackend {
   }
 };
 
-at::Tensor kron_eigen_matvec_cuda(const at::Tensor& q_out, const at::Tensor& q_in, const at::Tensor& scale,
-                                  const at::Tensor& v, double power) {
-  const c10::cuda::CUDAGuard guard(v.device());
-  return kron::kron_eigen_matvec_impl<CudaBackend>(q_out, q_in, scale, v, power);
-}
-
-at::Tensor kron_eigen_noise_cuda(const at::Tensor& variance, c10::SymIntArrayRef size, const at::Tensor& seed_offset,
-                                 double power) {
-  const c10::cuda::CUDAGuard guard(variance.device());
-  const int64_t* so = seed_offset_ptr_cuda("kron_eigen_noise", seed_offset, variance.device());
-  return kron::kron_eigen_noise_impl<CudaBackend>(variance, C10_AS_INTARRAYREF_SLOW(size), so, power);
-}
-
-std::tuple<at::Tensor, at::Tensor> kron_eigen_sample_cuda(const at::Tensor& loc, const at::Tensor& q_out,
-                                                          const at::Tensor& q_in, const at::Tensor& variance,
-                                                          c10::SymInt num_samples,
-                                                          std::optional<at::Generator> generator,
-                                                          std::optional<int64_t> seed,
-                                                          std::optional<int64_t> offset) {
-  const int64_t n = num_samples.expect_int();
-  TORCH_CHECK(n >= 0, "kron_eigen_sample: num_samples must be non-negative, got ", n);
-  const c10::cuda::CUDAGuard guard(loc.device());
-  at::Tensor so = cuda_seed_offset("kron_eigen_sample", generator, seed, offset, 1, loc.device());
-  return {kron::kron_eigen_sample_impl<CudaBackend>(loc, q_out, q_in, variance, n, so.const_data_ptr<int64_t>()),
-          so};
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(vmfdist, CUDA, m) {
-  m.impl("kron_eigen_matvec", &kron_eigen_matvec_cuda);
-  m.impl("kron_eigen_noise", &kron_eigen_noise_cuda);
-  m.impl("kron_eigen_sample", &kron_eigen_sample_cuda);
+  m.impl("kron_eigen_ngd", &kron::Ops<CudaBackend>::ngd);
+  m.impl("kron_eigen_moments", &kron::Ops<CudaBackend>::moments);
+  m.impl("kron_eigen_matvec", &kron::Ops<CudaBackend>::matvec);
+  m.impl("kron_eigen_noise", &kron::Ops<CudaBackend>::noise);
+  m.impl("kron_eigen_sample", &kron::Ops<CudaBackend>::sample);
 }
 
 }  // namespace vmfdist

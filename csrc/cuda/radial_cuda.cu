@@ -3,6 +3,7 @@
 // the normals into the output and reduces their squares; (2) one thread per group
 // adds the chunk sums in order and draws the radius; (3) an elementwise pass forms
 // loc + scale * eps * coef in place.  The scale gradient regenerates eps per element.
+// The operators (checks, seed, outputs) are shared with the CPU: radial::Ops in host/radial_host.h.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -14,7 +15,7 @@
 #include <vector>
 
 #include "vmfdist/radial.h"
-#include "host/radial_checks.h"
+#include "host/radial_host.h"
 #include "cuda/launch.cuh"
 #include "cuda/random_state.cuh"
 
@@ -22,6 +23,7 @@ namespace vmfdist {
 namespace {
 
 using radial::kRadialChunk;
+using radial::RadialLayout;
 using launch::blocks_for;
 using launch::kThreads;
 
@@ -105,66 +107,46 @@ __global__ void radial_scale_grad_kernel(const scalar_t* __restrict__ grad, cons
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> radial_noise_cuda(const at::Tensor& loc_in,
-                                                                 const at::Tensor& scale_in,
-                                                                 c10::SymInt num_samples_in, bool rowwise,
-                                                                 std::optional<at::Generator> generator,
-                                                                 std::optional<int64_t> seed,
-                                                                 std::optional<int64_t> offset) {
-  const int64_t num_samples = num_samples_in.expect_int();
-  const RadialLayout lay = check_radial_args(loc_in, scale_in, num_samples, rowwise);
-  const c10::cuda::CUDAGuard guard(loc_in.device());
-  at::Tensor so = cuda_seed_offset("radial_noise", generator, seed, offset, 2, loc_in.device());
-  const at::Tensor loc = loc_in.contiguous(), scale = scale_in.contiguous();
-  auto [out, coef] = allocate_radial_outputs(loc, num_samples, lay, rowwise);
-  const int64_t streams = num_samples * lay.groups;
-  if (streams == 0 || lay.length == 0) return {out, coef, so};
-  const int64_t nchunk = (lay.length + kRadialChunk - 1) / kRadialChunk;
-  const int64_t units = streams * nchunk;
-  at::Tensor partial = at::empty({units}, loc.options().dtype(at::kDouble));
-  const int64_t* pso = so.const_data_ptr<int64_t>();
-  const auto stream = launch::stream();
-  const int64_t event = lay.groups * lay.length;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, loc.scalar_type(), "radial_noise", [&] {
-    radial_pass1<scalar_t><<<blocks_for(units, 1), kThreads, 0, stream>>>(
-        out.mutable_data_ptr<scalar_t>(), partial.mutable_data_ptr<double>(), units, nchunk, lay.length, pso);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    radial_coef<<<blocks_for(streams), kThreads, 0, stream>>>(
-        partial.const_data_ptr<double>(), coef.mutable_data_ptr<double>(), streams, nchunk, pso);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    radial_pass2<scalar_t><<<blocks_for(streams * lay.length), kThreads, 0, stream>>>(
-        out.mutable_data_ptr<scalar_t>(), loc.const_data_ptr<scalar_t>(), scale.const_data_ptr<scalar_t>(),
-        coef.const_data_ptr<double>(), streams * lay.length, lay.length, event);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
-  return {out, coef, so};
-}
+struct CudaRadial : CudaSeeds {
+  static void noise(at::Tensor& out, at::Tensor& coef, const at::Tensor& loc, const at::Tensor& scale,
+                    const RadialLayout& lay, const int64_t* pso) {
+    const int64_t streams = out.size(0) * lay.groups;
+    const int64_t nchunk = (lay.length + kRadialChunk - 1) / kRadialChunk;
+    const int64_t units = streams * nchunk;
+    at::Tensor partial = at::empty({units}, loc.options().dtype(at::kDouble));
+    const auto stream = launch::stream();
+    const int64_t event = lay.groups * lay.length;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, loc.scalar_type(), "radial_noise", [&] {
+      radial_pass1<scalar_t><<<blocks_for(units, 1), kThreads, 0, stream>>>(
+          out.mutable_data_ptr<scalar_t>(), partial.mutable_data_ptr<double>(), units, nchunk, lay.length, pso);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      radial_coef<<<blocks_for(streams), kThreads, 0, stream>>>(
+          partial.const_data_ptr<double>(), coef.mutable_data_ptr<double>(), streams, nchunk, pso);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      radial_pass2<scalar_t><<<blocks_for(streams * lay.length), kThreads, 0, stream>>>(
+          out.mutable_data_ptr<scalar_t>(), loc.const_data_ptr<scalar_t>(), scale.const_data_ptr<scalar_t>(),
+          coef.const_data_ptr<double>(), streams * lay.length, lay.length, event);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  }
 
-at::Tensor radial_noise_scale_grad_cuda(const at::Tensor& grad_in, const at::Tensor& coef_in,
-                                        const at::Tensor& seed_offset, bool rowwise) {
-  constexpr const char* op = "radial_noise_scale_grad";
-  const RadialLayout lay = check_radial_grad_args(grad_in, coef_in, rowwise);
-  const c10::cuda::CUDAGuard guard(grad_in.device());
-  const int64_t* pso = seed_offset_ptr_cuda(op, seed_offset, grad_in.device());
-  const at::Tensor grad = grad_in.contiguous();
-  const at::Tensor coef = coef_in.to(at::kDouble).contiguous();
-  at::Tensor out = at::empty(grad.sizes().slice(1), grad.options());
-  const int64_t event = lay.groups * lay.length;
-  if (event == 0) return out;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "radial_noise_scale_grad", [&] {
-    radial_scale_grad_kernel<scalar_t><<<blocks_for(event), kThreads, 0, launch::stream()>>>(
-        grad.const_data_ptr<scalar_t>(), coef.const_data_ptr<double>(), out.mutable_data_ptr<scalar_t>(),
-        grad.size(0), lay.groups, lay.length, pso);
-  });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return out;
-}
+  static void scale_grad(at::Tensor& out, const at::Tensor& grad, const at::Tensor& coef, const RadialLayout& lay,
+                         const int64_t* pso) {
+    const int64_t event = lay.groups * lay.length;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "radial_noise_scale_grad", [&] {
+      radial_scale_grad_kernel<scalar_t><<<blocks_for(event), kThreads, 0, launch::stream()>>>(
+          grad.const_data_ptr<scalar_t>(), coef.const_data_ptr<double>(), out.mutable_data_ptr<scalar_t>(),
+          grad.size(0), lay.groups, lay.length, pso);
+    });
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+};
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(vmfdist, CUDA, m) {
-  m.impl("radial_noise", &radial_noise_cuda);
-  m.impl("radial_noise_scale_grad", &radial_noise_scale_grad_cuda);
+  m.impl("radial_noise", &radial::Ops<CudaRadial>::noise);
+  m.impl("radial_noise_scale_grad", &radial::Ops<CudaRadial>::scale_grad);
 }
 
 }  // namespace vmfdist

@@ -15,6 +15,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/PhiloxUtils.cuh>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAException.h>
 
 #include <cstdint>
@@ -68,6 +69,26 @@ inline const int64_t* seed_offset_ptr_cuda(const char* op, const at::Tensor& t, 
   TORCH_CHECK(t.is_contiguous(), op, ": seed_offset must be contiguous");
   return t.const_data_ptr<int64_t>();
 }
+
+// The seed half of a CUDA backend (the interface is described at CpuSeeds, host/random_state.h):
+// the pair stays on the device and the kernels read it through a pointer.
+struct CudaSeeds {
+  using Seed = const int64_t*;
+  using Guard = c10::cuda::CUDAGuard;
+  struct Drawn {
+    at::Tensor t;
+    Seed seed;
+    at::Tensor tensor() const { return t; }
+  };
+  static Drawn draw(const char* op, const std::optional<at::Generator>& generator, std::optional<int64_t> seed,
+                    std::optional<int64_t> offset, int64_t streams, const at::Device& device) {
+    at::Tensor t = cuda_seed_offset(op, generator, seed, offset, streams, device);
+    return {t, t.const_data_ptr<int64_t>()};
+  }
+  static Seed read(const char* op, const at::Tensor& t, int64_t, const at::Device& device) {
+    return seed_offset_ptr_cuda(op, t, device);
+  }
+};
 
 // In a kernel: the pair as the uint64 values the Philox streams take.
 __device__ __forceinline__ SeedOffset load_seed_offset(const int64_t* so) {

@@ -20,7 +20,7 @@
 
 #include "vmfdist/fast_normal.h"
 #include "vmfdist/vmf.h"
-#include "host/vmf_checks.h"
+#include "host/vmf_host.h"
 #include "cuda/launch.cuh"
 #include "cuda/random_state.cuh"
 
@@ -128,33 +128,25 @@ __global__ void vmf_sample_kernel(const scalar_t* __restrict__ loc, const scalar
   }
 }
 
-std::tuple<at::Tensor, at::Tensor> vmf_sample_cuda(const at::Tensor& loc_in, const at::Tensor& kappa_in,
-                                                   c10::SymInt num_samples_in, std::optional<at::Generator> generator,
-                                                   std::optional<int64_t> seed, std::optional<int64_t> offset) {
-  const int64_t num_samples = num_samples_in.expect_int();
-  check_vmf_sample_args(loc_in, kappa_in, num_samples);
-  const c10::cuda::CUDAGuard guard(loc_in.device());
-  const at::Tensor so = cuda_seed_offset("vmf_sample", generator, seed, offset, 2, loc_in.device());
-  const at::Tensor loc = loc_in.contiguous(), kappa = kappa_in.contiguous();
-  const int64_t B = loc.size(0), d = loc.size(1);
-  at::Tensor x = at::empty({num_samples, B, d}, loc.options());
-  at::Tensor omw = at::empty({num_samples, B}, loc.options());
-  const int64_t rows = num_samples * B;
-  if (rows == 0) return {x, omw};
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, loc.scalar_type(), "vmf_sample", [&] {
-    vmf_sample_kernel<scalar_t><<<blocks_for(rows, kThreads / kWarp), kThreads, 0,
-                                  launch::stream()>>>(
-        loc.const_data_ptr<scalar_t>(), kappa.const_data_ptr<scalar_t>(), x.mutable_data_ptr<scalar_t>(),
-        omw.mutable_data_ptr<scalar_t>(), rows, B, d, so.const_data_ptr<int64_t>());
-  });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {x, omw};
-}
+// The kernel launch of vmf::Ops (host/vmf_host.h, shared with the CPU).
+struct CudaVmf : CudaSeeds {
+  static void sample(at::Tensor& x, at::Tensor& omw, const at::Tensor& loc, const at::Tensor& kappa,
+                     const int64_t* seed_offset) {
+    const int64_t B = loc.size(0), d = loc.size(1), rows = x.size(0) * B;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, loc.scalar_type(), "vmf_sample", [&] {
+      vmf_sample_kernel<scalar_t><<<blocks_for(rows, kThreads / kWarp), kThreads, 0,
+                                    launch::stream()>>>(
+          loc.const_data_ptr<scalar_t>(), kappa.const_data_ptr<scalar_t>(), x.mutable_data_ptr<scalar_t>(),
+          omw.mutable_data_ptr<scalar_t>(), rows, B, d, seed_offset);
+    });
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+};
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(vmfdist, CUDA, m) {
-  m.impl("vmf_sample", &vmf_sample_cuda);
+  m.impl("vmf_sample", &vmf::Ops<CudaVmf>::sample);
 }
 
 }  // namespace vmfdist

@@ -9,8 +9,8 @@
 //     // batch entry b starts at offs(b), rows grouped as (batch, out):
 //     static void scale_mul(at::Tensor& t, const at::Tensor& s, const kron::BatchOffsets& offs,
 //                           int64_t out, int64_t in, double power);
-//     // how the kernels receive [seed, offset] (CPU: the values; CUDA: a device pointer):
-//     using Seed = ...;
+//     // the seed interface (CpuSeeds, host/random_state.h, or CudaSeeds): Seed is how
+//     // the kernels receive [seed, offset] (CPU: the values; CUDA: a device pointer)
 //     // z (rows * in, contiguous) = E * s^p, E the Philox noise of kron.h:
 //     static void noise(at::Tensor& z, const at::Tensor& s, const kron::BatchOffsets& offs,
 //                       int64_t out, int64_t in, const Seed& seed_offset, double power);
@@ -22,14 +22,18 @@
 // buf Q_in^T -> out, out += loc).  Bases shared by the whole batch (2-D q_out or
 // q_in) are never copied: a left product is one strided-batched GEMM over a
 // stride-0 view of the basis, a right product one GEMM over the folded
-// (batch * out, in) matrix.
+// (batch * out, in) matrix.  kron::Ops<Backend> at the end are the operators themselves,
+// registered by both backends.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
 
+#include <cmath>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "host/tensor_checks.h"
@@ -135,6 +139,15 @@ inline at::Tensor as_batched(const at::Tensor& t, at::IntArrayRef batch, int64_t
 
 // ---- checks ------------------------------------------------------------------
 
+// Every tensor of `ts` has the dtype of `ref` (named `ref_name`).
+inline void check_same_dtype(const char* op, const char* ref_name, const at::Tensor& ref,
+                             std::initializer_list<std::pair<const char*, at::Tensor>> ts) {
+  for (const auto& [name, t] : ts) {
+    TORCH_CHECK(t.scalar_type() == ref.scalar_type(), op, ": ", name, " must have the dtype of ", ref_name, " (",
+                ref.scalar_type(), "), got ", t.scalar_type());
+  }
+}
+
 inline void check_matrix(const char* op, const char* name, const at::Tensor& t, int64_t rows, int64_t cols,
                          const char* what) {
   TORCH_CHECK(t.dim() >= 2, op, ": ", name, " must have at least 2 dimensions (", what, "), got shape ", t.sizes());
@@ -157,6 +170,32 @@ inline void check_noise_range(const char* op, int64_t rows, int64_t in) {
 }
 
 // ---- the ops -------------------------------------------------------------------
+
+// The common case of one matrix (no batch dimensions, one dtype, a full (out, in) scale):
+// plain GEMMs on the 2-D operands, none of the batch set-up (on small layers that set-up
+// costs several times the arithmetic).
+inline bool is_plain_2d(at::ScalarType dt, std::initializer_list<at::Tensor> ts, const at::Tensor& scale, int64_t out,
+                        int64_t in) {
+  for (const auto& t : ts) {
+    if (t.dim() != 2 || t.scalar_type() != dt) return false;
+  }
+  return scale.dim() == 2 && scale.scalar_type() == dt && scale.size(0) == out && scale.size(1) == in;
+}
+
+// res (out, in) = Q_out ((Q_out^T V Q_in) * scale^power) Q_in^T, all operands 2-D of one
+// dtype, scale contiguous (out, in); res contiguous (out, in), not aliasing an input.
+template <class Backend>
+void eigen_scale_2d(at::Tensor& res, const at::Tensor& q_out, const at::Tensor& q_in, const at::Tensor& scale,
+                    const at::Tensor& v, double power) {
+  const int64_t out = v.size(0), in = v.size(1);
+  at::Tensor buf = at::empty({out, in}, res.options());
+  at::mm_out(buf, q_out.mT(), v);  // Q_out^T V
+  at::mm_out(res, buf, q_in);      // (Q_out^T V) Q_in
+  Backend::scale_mul(res, scale, BatchOffsets{}, out, in, power);
+  at::mm_out(buf, q_out, res);     // Q_out (...)
+  at::mm_out(res, buf, q_in.mT());  // (...) Q_in^T
+}
+
 
 // out (N, out, in) = x (N, out, in) @ q (q 2-D: one GEMM over the folded rows).
 inline void right_mul(at::Tensor& dst, const at::Tensor& x, const at::Tensor& q2d_or_q3) {
@@ -192,6 +231,11 @@ at::Tensor kron_eigen_matvec_impl(const at::Tensor& q_out_in, const at::Tensor& 
   shape.push_back(in);
   const auto opts = v_in.options().dtype(dt);
   if (n * out * in == 0) return at::zeros(shape, opts);
+  if (is_plain_2d(dt, {v_in, q_out_in, q_in_in}, scale_in, out, in)) {
+    at::Tensor res = at::empty({out, in}, opts);
+    eigen_scale_2d<Backend>(res, q_out_in, q_in_in, scale_in.contiguous(), v_in, power);
+    return res;
+  }
 
   const at::Tensor v = as_batched(v_in.to(dt), batch, n);
   const at::Tensor qo = as_batched(q_out_in.to(dt), batch, n);
@@ -265,6 +309,15 @@ at::Tensor kron_eigen_sample_impl(const at::Tensor& loc_in, const at::Tensor& q_
   check_noise_range(op, m * out, in);
   if (m * out * in == 0) return at::empty(shape, opts);
 
+  if (num_samples == 1 && is_plain_2d(dt, {loc_in, q_out_in, q_in_in}, variance_in, out, in)) {
+    at::Tensor res = at::empty(shape, opts);
+    at::Tensor z = res.view({out, in});
+    Backend::noise(z, variance_in.contiguous(), BatchOffsets{}, out, in, seed_offset, 0.5);  // E * var^(1/2)
+    at::Tensor buf = at::mm(q_out_in, z);
+    at::mm_out(z, buf, q_in_in.mT());
+    z.add_(loc_in);
+    return res;
+  }
   at::Tensor res = kron_eigen_noise_impl<Backend>(variance_in.to(dt), shape, seed_offset, 0.5);  // E * var^(1/2)
   at::Tensor res3 = res.view({m, out, in});
   at::Tensor buf = at::empty({m, out, in}, opts);
@@ -290,6 +343,132 @@ at::Tensor kron_eigen_sample_impl(const at::Tensor& loc_in, const at::Tensor& q_
   res.add_(loc_in.to(dt));
   return res;
 }
+
+// The damped natural-gradient step of noisy K-FAC / EK-FAC for one layer:
+// D = Q_out ((Q_out^T U Q_in) / (scale + damping)) Q_in^T and the inner product <D, U> (0-dim), with
+// U = weight_decay * w + grad + grad_out^T grad_in: the loss gradient given as a matrix (grad), as the
+// rows (grad_out (n, out), grad_in (n, in)) whose outer products sum to it, or both.  2-D operands of
+// one floating dtype.
+template <class Backend>
+std::tuple<at::Tensor, at::Tensor> kron_eigen_ngd_impl(const at::Tensor& q_out, const at::Tensor& q_in,
+                                                       const at::Tensor& scale, double damping, const at::Tensor& w,
+                                                       double weight_decay, const std::optional<at::Tensor>& grad,
+                                                       const std::optional<at::Tensor>& grad_out,
+                                                       const std::optional<at::Tensor>& grad_in) {
+  constexpr const char* op = "kron_eigen_ngd";
+  TORCH_CHECK(w.dim() == 2, op, ": w must be an (out, in) matrix, got shape ", w.sizes());
+  const int64_t out = w.size(0), in = w.size(1);
+  TORCH_CHECK(q_out.dim() == 2 && q_out.size(0) == out && q_out.size(1) == out, op,
+              ": q_out must be the (out, out) eigenbasis, out = w.size(0) = ", out, ", got shape ", q_out.sizes());
+  TORCH_CHECK(q_in.dim() == 2 && q_in.size(0) == in && q_in.size(1) == in, op,
+              ": q_in must be the (in, in) eigenbasis, in = w.size(1) = ", in, ", got shape ", q_in.sizes());
+  TORCH_CHECK(scale.dim() == 2 && scale.size(0) == out && scale.size(1) == in, op,
+              ": scale must have w's shape (", out, ", ", in, "), got shape ", scale.sizes());
+  TORCH_CHECK(std::isfinite(damping), op, ": damping must be finite, got ", damping);
+  TORCH_CHECK(std::isfinite(weight_decay), op, ": weight_decay must be finite, got ", weight_decay);
+  TORCH_CHECK(grad_out.has_value() == grad_in.has_value(), op, ": grad_out and grad_in must be given together");
+  common_float_dtype(op, {{"w", w}, {"q_out", q_out}, {"q_in", q_in}, {"scale", scale}});
+  check_same_device(op, {{"w", w}, {"q_out", q_out}, {"q_in", q_in}, {"scale", scale}});
+  check_same_dtype(op, "w", w, {{"q_out", q_out}, {"q_in", q_in}, {"scale", scale}});
+  if (grad.has_value()) {
+    TORCH_CHECK(grad->dim() == 2 && grad->size(0) == out && grad->size(1) == in, op, ": grad must have w's shape (",
+                out, ", ", in, "), got shape ", grad->sizes());
+    check_same_device(op, {{"w", w}, {"grad", *grad}});
+    check_same_dtype(op, "w", w, {{"grad", *grad}});
+  }
+  if (grad_out.has_value()) {
+    TORCH_CHECK(grad_out->dim() == 2 && grad_out->size(1) == out, op, ": grad_out must be an (n, out) matrix, out = ",
+                out, ", got shape ", grad_out->sizes());
+    TORCH_CHECK(grad_in->dim() == 2 && grad_in->size(1) == in && grad_in->size(0) == grad_out->size(0), op,
+                ": grad_in must be an (n, in) matrix with grad_out's ", grad_out->size(0), " rows, in = ", in,
+                ", got shape ", grad_in->sizes());
+    check_same_device(op, {{"w", w}, {"grad_out", *grad_out}, {"grad_in", *grad_in}});
+    check_same_dtype(op, "w", w, {{"grad_out", *grad_out}, {"grad_in", *grad_in}});
+  }
+  at::Tensor u;  // contiguous, not aliasing an input
+  if (grad_out.has_value()) {
+    u = at::addmm(w, grad_out->mT(), *grad_in, weight_decay, 1.0);
+    if (grad.has_value()) u.add_(*grad);
+  } else if (grad.has_value()) {
+    u = at::add(*grad, w, weight_decay);
+  } else {
+    u = at::mul(w, weight_decay);
+  }
+  at::Tensor res = at::empty({out, in}, w.options());
+  if (out * in == 0) return {res, at::zeros({}, w.options())};
+  const at::Tensor s = damping == 0.0 ? scale.contiguous() : at::add(scale, damping);
+  eigen_scale_2d<Backend>(res, q_out, q_in, s, u, -1.0);
+  return {res, at::dot(res.view({-1}), u.view({-1}))};
+}
+
+// beta * moments + alpha * ((e Q_out)^2)^T (x Q_in)^2 (squares elementwise): the EK-FAC running
+// second moments of the per-example gradients e_n x_n^T in the Kronecker eigenbasis, for
+// examples with one location each; x (n, in), e (n, out), moments (out, in).
+inline at::Tensor kron_eigen_moments_impl(const at::Tensor& q_out, const at::Tensor& q_in, const at::Tensor& x,
+                                          const at::Tensor& e, const at::Tensor& moments, double beta, double alpha) {
+  constexpr const char* op = "kron_eigen_moments";
+  TORCH_CHECK(x.dim() == 2, op, ": x must be an (n, in) matrix (one row per example), got shape ", x.sizes());
+  TORCH_CHECK(e.dim() == 2 && e.size(0) == x.size(0), op, ": e must be an (n, out) matrix with x's ", x.size(0),
+              " rows, got shape ", e.sizes());
+  const int64_t out = e.size(1), in = x.size(1);
+  TORCH_CHECK(q_out.dim() == 2 && q_out.size(0) == out && q_out.size(1) == out, op,
+              ": q_out must be the (out, out) eigenbasis, out = e.size(1) = ", out, ", got shape ", q_out.sizes());
+  TORCH_CHECK(q_in.dim() == 2 && q_in.size(0) == in && q_in.size(1) == in, op,
+              ": q_in must be the (in, in) eigenbasis, in = x.size(1) = ", in, ", got shape ", q_in.sizes());
+  TORCH_CHECK(moments.dim() == 2 && moments.size(0) == out && moments.size(1) == in, op,
+              ": moments must have shape (out, in) = (", out, ", ", in, "), got shape ", moments.sizes());
+  TORCH_CHECK(std::isfinite(beta) && std::isfinite(alpha), op, ": beta and alpha must be finite, got ", beta, " and ",
+              alpha);
+  check_same_device(op, {{"x", x}, {"e", e}, {"q_out", q_out}, {"q_in", q_in}, {"moments", moments}});
+  common_float_dtype(op, {{"x", x}, {"e", e}, {"q_out", q_out}, {"q_in", q_in}, {"moments", moments}});
+  check_same_dtype(op, "x", x, {{"e", e}, {"q_out", q_out}, {"q_in", q_in}, {"moments", moments}});
+  const at::Tensor xp = at::mm(x, q_in).square_();
+  const at::Tensor ep = at::mm(e, q_out).square_();
+  return at::addmm(moments, ep.mT(), xp, beta, alpha);
+}
+
+// The operators of one backend (its device guard, seed and passes, see the top).
+template <class Backend>
+struct Ops {
+  static at::Tensor matvec(const at::Tensor& q_out, const at::Tensor& q_in, const at::Tensor& scale,
+                           const at::Tensor& v, double power) {
+    const typename Backend::Guard guard(v.device());
+    return kron_eigen_matvec_impl<Backend>(q_out, q_in, scale, v, power);
+  }
+
+  static at::Tensor noise(const at::Tensor& variance, c10::SymIntArrayRef size, const at::Tensor& seed_offset,
+                          double power) {
+    const typename Backend::Guard guard(variance.device());
+    const auto so = Backend::read("kron_eigen_noise", seed_offset, 1, variance.device());
+    return kron_eigen_noise_impl<Backend>(variance, C10_AS_INTARRAYREF_SLOW(size), so, power);
+  }
+
+  static std::tuple<at::Tensor, at::Tensor> sample(const at::Tensor& loc, const at::Tensor& q_out,
+                                                   const at::Tensor& q_in, const at::Tensor& variance,
+                                                   c10::SymInt num_samples, std::optional<at::Generator> generator,
+                                                   std::optional<int64_t> seed, std::optional<int64_t> offset) {
+    const int64_t n = num_samples.expect_int();
+    TORCH_CHECK(n >= 0, "kron_eigen_sample: num_samples must be non-negative, got ", n);
+    const typename Backend::Guard guard(loc.device());
+    const auto drawn = Backend::draw("kron_eigen_sample", generator, seed, offset, 1, loc.device());
+    return {kron_eigen_sample_impl<Backend>(loc, q_out, q_in, variance, n, drawn.seed), drawn.tensor()};
+  }
+
+  static std::tuple<at::Tensor, at::Tensor> ngd(const at::Tensor& q_out, const at::Tensor& q_in,
+                                                const at::Tensor& scale, double damping, const at::Tensor& w,
+                                                double weight_decay, const std::optional<at::Tensor>& grad,
+                                                const std::optional<at::Tensor>& grad_out,
+                                                const std::optional<at::Tensor>& grad_in) {
+    const typename Backend::Guard guard(w.device());
+    return kron_eigen_ngd_impl<Backend>(q_out, q_in, scale, damping, w, weight_decay, grad, grad_out, grad_in);
+  }
+
+  static at::Tensor moments(const at::Tensor& q_out, const at::Tensor& q_in, const at::Tensor& x,
+                            const at::Tensor& e, const at::Tensor& moments, double beta, double alpha) {
+    const typename Backend::Guard guard(x.device());
+    return kron_eigen_moments_impl(q_out, q_in, x, e, moments, beta, alpha);
+  }
+};
 
 }  // namespace kron
 }  // namespace vmfdist

@@ -95,4 +95,30 @@ inline SeedOffset read_seed_offset_cpu(const char* op, const at::Tensor& t, int6
   return {static_cast<uint64_t>(p[0]), static_cast<uint64_t>(p[1])};
 }
 
+// The seed half of a backend, as the host orchestration shared by both backends uses it
+// (kron_host.h, philox_host.h, radial_host.h, vmf_host.h); its CUDA twin is CudaSeeds in
+// csrc/cuda/random_state.cuh.
+//   Seed                    what the kernels take
+//   Guard(device)           the device guard (none on the CPU)
+//   draw(op, generator, seed, offset, streams, device) -> Drawn: .seed for the kernels,
+//                           .tensor() the (2,) int64 [seed, offset] an op returns
+//   read(op, seed_offset, streams, device) -> Seed: a backward op's seed_offset argument
+struct CpuSeeds {
+  using Seed = SeedOffset;
+  struct Guard {
+    explicit Guard(const at::Device&) {}
+  };
+  struct Drawn {
+    SeedOffset seed;
+    at::Tensor tensor() const { return cpu_seed_offset_tensor(seed); }
+  };
+  static Drawn draw(const char* op, const std::optional<at::Generator>& generator, std::optional<int64_t> seed,
+                    std::optional<int64_t> offset, int64_t streams, const at::Device&) {
+    return {cpu_seed_offset(op, generator, seed, offset, streams)};
+  }
+  static Seed read(const char* op, const at::Tensor& t, int64_t streams, const at::Device&) {
+    return read_seed_offset_cpu(op, t, streams);
+  }
+};
+
 }  // namespace vmfdist

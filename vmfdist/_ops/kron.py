@@ -37,17 +37,23 @@ def _kron_batch(op, **named):
         raise RuntimeError(f"{op}: the batch shapes do not broadcast: {shapes}") from None
 
 
+def _kron_operands(op, x_name, x, q_out, q_in, s_name, s):
+    """The checks of the two fake kernels below (as csrc/host/kron_host.h makes them): x of shape
+    (..., out, in), the eigenbases q_out, q_in and s (the eigenvalues) broadcasting to x.
+    Returns (out, in, the promoted dtype, the broadcast batch shape)."""
+    named = {x_name: x, "q_out": q_out, "q_in": q_in, s_name: s}
+    _check_same_device(op, **named)
+    torch._check(x.dim() >= 2, lambda: f"{op}: {x_name} must have shape (..., out, in), got {tuple(x.shape)}")
+    o, i = x.shape[-2], x.shape[-1]
+    _kron_check_matrix(op, "q_out", q_out, o, o, f"the out x out eigenbasis, out = {x_name}.size(-2)")
+    _kron_check_matrix(op, "q_in", q_in, i, i, f"the in x in eigenbasis, in = {x_name}.size(-1)")
+    _kron_check_bcast(op, s_name, s, o, i, f"the eigenvalues, like {x_name}")
+    return o, i, _kron_promote(op, **named), _kron_batch(op, **named)
+
+
 @torch.library.register_fake("vmfdist::kron_eigen_matvec")
 def _(q_out, q_in, scale, v, power=1.0):
-    op = "kron_eigen_matvec"
-    _check_same_device(op, v=v, q_out=q_out, q_in=q_in, scale=scale)
-    torch._check(v.dim() >= 2, lambda: f"{op}: v must have shape (..., out, in), got {tuple(v.shape)}")
-    o, i = v.shape[-2], v.shape[-1]
-    _kron_check_matrix(op, "q_out", q_out, o, o, "the out x out eigenbasis, out = v.size(-2)")
-    _kron_check_matrix(op, "q_in", q_in, i, i, "the in x in eigenbasis, in = v.size(-1)")
-    _kron_check_bcast(op, "scale", scale, o, i, "the eigenvalues, like v")
-    dt = _kron_promote(op, v=v, q_out=q_out, q_in=q_in, scale=scale)
-    batch = _kron_batch(op, v=v, q_out=q_out, q_in=q_in, scale=scale)
+    o, i, dt, batch = _kron_operands("kron_eigen_matvec", "v", v, q_out, q_in, "scale", scale)
     return v.new_empty(tuple(batch) + (o, i), dtype=dt)
 
 
@@ -62,16 +68,63 @@ def _(variance, size, seed_offset, power=0.5):
 @torch.library.register_fake("vmfdist::kron_eigen_sample")
 def _(loc, q_out, q_in, variance, num_samples, *, generator=None, seed=None, offset=None):
     op = "kron_eigen_sample"
-    _check_same_device(op, loc=loc, q_out=q_out, q_in=q_in, variance=variance)
-    torch._check(loc.dim() >= 2, lambda: f"{op}: loc must have shape (..., out, in), got {tuple(loc.shape)}")
-    o, i = loc.shape[-2], loc.shape[-1]
-    _kron_check_matrix(op, "q_out", q_out, o, o, "the out x out eigenbasis, out = loc.size(-2)")
-    _kron_check_matrix(op, "q_in", q_in, i, i, "the in x in eigenbasis, in = loc.size(-1)")
-    _kron_check_bcast(op, "variance", variance, o, i, "the eigenvalues, like loc")
     torch._check(num_samples >= 0, lambda: f"{op}: num_samples must be non-negative, got {num_samples}")
-    dt = _kron_promote(op, loc=loc, q_out=q_out, q_in=q_in, variance=variance)
-    batch = _kron_batch(op, loc=loc, q_out=q_out, q_in=q_in, variance=variance)
+    o, i, dt, batch = _kron_operands(op, "loc", loc, q_out, q_in, "variance", variance)
     return loc.new_empty((num_samples,) + tuple(batch) + (o, i), dtype=dt), loc.new_empty((2,), dtype=torch.int64)
+
+
+def _kron_check_2d(op, name, t, rows, cols, what):
+    torch._check(t.dim() == 2 and t.shape[0] == rows and t.shape[1] == cols,
+                 lambda: f"{op}: {name} must have shape ({rows}, {cols}) ({what}), got shape {tuple(t.shape)}")
+
+
+def _kron_check_dtypes(op, ref_name, ref, **named):
+    torch._check(ref.dtype.is_floating_point,
+                 lambda: f"{op}: {ref_name} must be a floating tensor, got dtype {ref.dtype}")
+    for name, t in named.items():
+        torch._check(t.dtype == ref.dtype,
+                     lambda: f"{op}: {name} must have the dtype of {ref_name} ({ref.dtype}), got {t.dtype}")
+
+
+# The two ops of the noisy K-FAC / EK-FAC update (optimizer state, no derivatives).
+@torch.library.register_fake("vmfdist::kron_eigen_ngd")
+def _(q_out, q_in, scale, damping, w, weight_decay, grad=None, grad_out=None, grad_in=None):
+    op = "kron_eigen_ngd"
+    torch._check(w.dim() == 2, lambda: f"{op}: w must be an (out, in) matrix, got shape {tuple(w.shape)}")
+    o, i = w.shape
+    torch._check((grad_out is None) == (grad_in is None), lambda: f"{op}: grad_out and grad_in must be given together")
+    _check_same_device(op, w=w, q_out=q_out, q_in=q_in, scale=scale)
+    _kron_check_2d(op, "q_out", q_out, o, o, "the out x out eigenbasis, out = w.size(0)")
+    _kron_check_2d(op, "q_in", q_in, i, i, "the in x in eigenbasis, in = w.size(1)")
+    _kron_check_2d(op, "scale", scale, o, i, "w's shape")
+    _kron_check_dtypes(op, "w", w, q_out=q_out, q_in=q_in, scale=scale)
+    if grad is not None:
+        _check_same_device(op, w=w, grad=grad)
+        _kron_check_2d(op, "grad", grad, o, i, "w's shape")
+        _kron_check_dtypes(op, "w", w, grad=grad)
+    if grad_out is not None:
+        _check_same_device(op, w=w, grad_out=grad_out, grad_in=grad_in)
+        torch._check(grad_out.dim() == 2 and grad_out.shape[1] == o,
+                     lambda: f"{op}: grad_out must be an (n, out) matrix, out = {o}, got shape {tuple(grad_out.shape)}")
+        _kron_check_2d(op, "grad_in", grad_in, grad_out.shape[0], i, "(n, in), n = grad_out.size(0)")
+        _kron_check_dtypes(op, "w", w, grad_out=grad_out, grad_in=grad_in)
+    return w.new_empty((o, i)), w.new_empty(())
+
+
+@torch.library.register_fake("vmfdist::kron_eigen_moments")
+def _(q_out, q_in, x, e, moments, beta, alpha):
+    op = "kron_eigen_moments"
+    torch._check(x.dim() == 2, lambda: f"{op}: x must be an (n, in) matrix (one row per example), got shape "
+                                       f"{tuple(x.shape)}")
+    torch._check(e.dim() == 2 and e.shape[0] == x.shape[0],
+                 lambda: f"{op}: e must be an (n, out) matrix with x's {x.shape[0]} rows, got shape {tuple(e.shape)}")
+    o, i = e.shape[1], x.shape[1]
+    _check_same_device(op, x=x, e=e, q_out=q_out, q_in=q_in, moments=moments)
+    _kron_check_2d(op, "q_out", q_out, o, o, "the out x out eigenbasis, out = e.size(1)")
+    _kron_check_2d(op, "q_in", q_in, i, i, "the in x in eigenbasis, in = x.size(1)")
+    _kron_check_2d(op, "moments", moments, o, i, "(out, in)")
+    _kron_check_dtypes(op, "x", x, e=e, q_out=q_out, q_in=q_in, moments=moments)
+    return moments.new_empty((o, i))
 
 
 def _kron_matvec_setup(ctx, inputs, output):

@@ -11,7 +11,7 @@ from ._lib import _check_same_device, _once_differentiable, lib
 
 @torch.library.register_fake("vmfdist::radial_noise")
 def _(loc, scale, num_samples, rowwise=False, *, generator=None, seed=None, offset=None):
-    # the same checks and shapes as csrc/host/radial_checks.h
+    # the same checks and shapes as csrc/host/radial_host.h
     _check_same_device("radial_noise", loc=loc, scale=scale)
     torch._check(loc.dtype.is_floating_point, lambda: f"radial_noise: loc must be a floating tensor, got {loc.dtype}")
     torch._check(loc.dtype == scale.dtype, lambda: "radial_noise: loc and scale must have the same dtype")

@@ -187,18 +187,22 @@ class KFACHooks:
         self.capture_outputs = bool(capture_outputs)
         self._handles = []
         for name, mod in self.layers.items():
-            self._handles.append(mod.register_forward_pre_hook(self._pre_hook(name)))
+            if not self.capture_outputs:  # (with captured outputs the forward hook records the input too)
+                self._handles.append(mod.register_forward_pre_hook(self._pre_hook(name)))
             self._handles.append(mod.register_forward_hook(self._fwd_hook(name)))
+
+    def _record_input(self, name, inputs):
+        if self.record_inputs:
+            if name in self.inputs:
+                raise RuntimeError(f"layer {name!r} was called twice in one forward pass; K-FAC needs one call "
+                                   "per layer and forward pass (call clear() between passes)")
+            if len(inputs) != 1:
+                raise ValueError(f"layer {name!r} got {len(inputs)} inputs; one is supported")
+            self.inputs[name] = inputs[0].detach()
 
     def _pre_hook(self, name):
         def hook(module, inputs):
-            if self.record_inputs:
-                if name in self.inputs:
-                    raise RuntimeError(f"layer {name!r} was called twice in one forward pass; K-FAC needs one call "
-                                       "per layer and forward pass (call clear() between passes)")
-                if len(inputs) != 1:
-                    raise ValueError(f"layer {name!r} got {len(inputs)} inputs; one is supported")
-                self.inputs[name] = inputs[0].detach()
+            self._record_input(name, inputs)
         return hook
 
     def _fwd_hook(self, name):
@@ -208,6 +212,7 @@ class KFACHooks:
 
         def hook(module, inputs, output):
             if self.capture_outputs:
+                self._record_input(name, inputs)
                 if self.record_grads and output.requires_grad:
                     self.outputs[name] = output
                     return output.clone()

@@ -17,7 +17,11 @@ tasks:
 
 Grid (the paper's own: initial rho in {-6, -4, -2, 0}, sigma = softplus(rho); Adam learning
 rates of its search, 1e-2 to 1e-4): 3 learning rates x 4 scales x 2 posteriors per task, one
-seed per cell, plain ELBO (KL weight 1, as the paper: no down-weighting, no pre-training).
+seed per cell, plain ELBO (KL weight 1, as the paper: no down-weighting).  As the paper
+allowed ("we did allow models to pre-train the means using a negative log-likelihood loss for
+one epoch before beginning ELBO training, a common tweak to improve MFVI"), both posteriors'
+means are first trained for ``--pretrain-epochs`` (default 1) on the likelihood alone, with the
+layers in mean mode (the scales untouched), at the cell's learning rate.
 """
 from __future__ import annotations
 
@@ -43,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--uci-dataset", default="boston", help="UCI set (default boston), split 0")
     p.add_argument("--data-dir", default=uci.DEFAULT_DATA_DIR, help="folder of UCI sets in the standard format")
     p.add_argument("--tasks", nargs="+", default=["digits", "uci"], choices=["digits", "uci"])
+    p.add_argument("--pretrain-epochs", type=int, default=1,
+                   help="epochs of NLL-only training of the means before the ELBO (default 1, as the paper)")
     p.add_argument("--lrs", nargs="+", type=float, default=LRS, help=f"Adam learning rates (default {LRS})")
     p.add_argument("--rhos", nargs="+", type=float, default=RHOS, help=f"initial rho values (default {RHOS})")
     p.add_argument("--out", default=os.path.join("docs", "experiments"),
@@ -54,25 +60,42 @@ def chance_accuracy_bar(n_test: int, classes: int = 10) -> float:
     return p + 3.0 * math.sqrt(p * (1 - p) / n_test)
 
 
-def _digits_cell(kind, lr, rho, epochs, data, seed=0):
+def pretrain_means(model, x, y, epochs, lr, seed, **kw):
+    """``epochs`` of Adam on the likelihood alone with the layers in mean mode (KL weight 0): the
+    means (and the likelihood's own parameters) move, the scales get no gradient."""
+    with bnn.deterministic(model, use="mean"):
+        return digits.train_elbo(model, x, y, epochs, lr=lr, seed=seed, kl_weight=0.0, **kw)
+
+
+def _train(model, x, y, epochs, pretrain, lr, seed, **kw):
+    """:func:`pretrain_means` for ``pretrain`` epochs, then ``epochs`` on the ELBO; returns the
+    per-epoch losses (the last one ``nan`` when training diverged)."""
+    if pretrain > 0:
+        losses = pretrain_means(model, x, y, pretrain, lr, seed + 1, **kw)
+        if not math.isfinite(losses[-1]):
+            return losses
+    return digits.train_elbo(model, x, y, epochs, lr=lr, seed=seed, **kw)
+
+
+def _digits_cell(kind, lr, rho, epochs, data, seed=0, pretrain=1):
     xtr, xte, ytr, yte = data
     torch.manual_seed(seed)
     model = bnn.to_bayesian(digits.lenet5(), kind, sigma_init=F.softplus(torch.tensor(rho)).item())
-    losses = digits.train_elbo(model, xtr, ytr, epochs, lr=lr, seed=seed)
+    losses = _train(model, xtr, ytr, epochs, pretrain, lr, seed)
     if not math.isfinite(losses[-1]):
         return {"accuracy": 0.1, "diverged": True}
     pred = bnn.predict(model, xte, num_samples=32)
     return {"accuracy": float(bnn.accuracy(pred, yte)), "nll": float(bnn.nll(pred, yte)), "diverged": False}
 
 
-def _uci_cell(kind, lr, rho, epochs, split, seed=0):
+def _uci_cell(kind, lr, rho, epochs, split, seed=0, pretrain=1):
     torch.manual_seed(seed)
     n, d = split.x_train.shape
     net = torch.nn.Sequential(torch.nn.Linear(d, split.n_hidden), torch.nn.ReLU(), torch.nn.Linear(split.n_hidden, 1))
     model = bnn.to_bayesian(net.to(split.x_train.dtype), kind, sigma_init=F.softplus(torch.tensor(rho)).item())
     lik = bnn.GammaPrecisionGaussian(*uci.GAMMA_PRIOR).to(split.x_train.dtype)
-    losses = digits.train_elbo(model, split.x_train, split.y_train, epochs, lr=lr, seed=seed, likelihood=lik,
-                               batch=split.batch_size)
+    losses = _train(model, split.x_train, split.y_train, epochs, pretrain, lr, seed, likelihood=lik,
+                    batch=split.batch_size)
     if not math.isfinite(losses[-1]):
         return {"test_ll": -math.inf, "diverged": True}
     pred = bnn.predict(model, split.x_test, num_samples=32, likelihood=lik)
@@ -89,8 +112,8 @@ def _baseline_ll(split) -> float:
 
 
 def run(args) -> dict:
-    if args.epochs < 1 or args.uci_epochs < 1:
-        raise ValueError("--epochs and --uci-epochs must be positive")
+    if args.epochs < 1 or args.uci_epochs < 1 or args.pretrain_epochs < 0:
+        raise ValueError("--epochs and --uci-epochs must be positive and --pretrain-epochs non-negative")
     lrs, rhos = list(args.lrs), list(args.rhos)
     if not all(lr > 0 and math.isfinite(lr) for lr in lrs) or not all(math.isfinite(r) for r in rhos):
         raise ValueError(f"--lrs must be positive and --rhos finite, got {lrs} and {rhos}")
@@ -99,7 +122,7 @@ def run(args) -> dict:
     results = {"grid": {"lr": lrs, "rho": rhos, "sigma_init": [F.softplus(torch.tensor(r)).item() for r in rhos]},
                "tasks": {}, "meta": meta,
                "settings": {"epochs": args.epochs, "uci_epochs": args.uci_epochs, "uci_dataset": args.uci_dataset,
-                            "seed": 0, "kl_weight": 1.0}}
+                            "seed": 0, "kl_weight": 1.0, "pretrain_epochs": args.pretrain_epochs}}
     cells = [(kind, lr, rho) for kind in KINDS for lr in lrs for rho in rhos]
     with digits.one_thread():
         if "digits" in args.tasks:
@@ -108,7 +131,7 @@ def run(args) -> dict:
             t0 = time.perf_counter()
             out = {k: [] for k in KINDS}
             for kind, lr, rho in _common.progress(cells, "radial-robustness digits"):
-                r = _digits_cell(kind, lr, rho, args.epochs, data)
+                r = _digits_cell(kind, lr, rho, args.epochs, data, pretrain=args.pretrain_epochs)
                 out[kind].append(dict(r, lr=lr, rho=rho, failed=r["accuracy"] <= bar))
             results["tasks"]["digits"] = {"metric": "test accuracy", "failure_bar": bar, "cells": out,
                                           "wall_seconds": round(time.perf_counter() - t0, 1)}
@@ -118,7 +141,7 @@ def run(args) -> dict:
             t0 = time.perf_counter()
             out = {k: [] for k in KINDS}
             for kind, lr, rho in _common.progress(cells, f"radial-robustness {args.uci_dataset}"):
-                r = _uci_cell(kind, lr, rho, args.uci_epochs, split)
+                r = _uci_cell(kind, lr, rho, args.uci_epochs, split, pretrain=args.pretrain_epochs)
                 out[kind].append(dict(r, lr=lr, rho=rho, failed=r["test_ll"] <= bar))
             results["tasks"]["uci"] = {"metric": f"test log-likelihood ({args.uci_dataset}, split 0)",
                                        "failure_bar": bar, "cells": out,
@@ -137,7 +160,11 @@ def markdown(results: dict, picture: str = None) -> str:
     lines = _common.header("Radial vs mean-field: robustness to hyperparameters", meta,
                            results["wall_seconds"]) + [
              f"Grid: Adam learning rate {results['grid']['lr']} x initial rho {results['grid']['rho']} "
-             "(sigma = softplus(rho)), one seed per cell, plain ELBO.", "",
+             "(sigma = softplus(rho)), one seed per cell, plain ELBO after "
+             f"{results['settings'].get('pretrain_epochs', 0)} epoch(s) of NLL-only training of the means.", "",
+             "The paper (004, section 4.1.3; 86 random configurations of a VGG-like network on diabetic "
+             "retinopathy): 82% of the MFVI configurations and 39% of the Radial ones barely improved on "
+             "random guessing.", "",
              "| task | posterior | failed (no better than chance) | best | median |", "|---|---|---|---|---|"]
     for task, r in results["tasks"].items():
         for kind, cells in r["cells"].items():

@@ -51,9 +51,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..curvature import (KFACHooks, check_finite, check_targets, damped_kfac_eigenvalues, eigen_basis, find_layers,
-                         gradient_factor, input_factor, input_patches, output_gradients, output_grads,
-                         per_example_second_moments, resolve_loss, running_average_weight,
-                         trace_norm_pi, weight_matrix)
+                         input_patches, output_gradients, output_grads, per_example_second_moments, resolve_loss,
+                         running_average_weight, trace_norm_pi, weight_matrix)
 from ..curvature.layers import layer_shape
 from ..distributions import EigenvalueCorrectedMatrixNormal, MatrixNormal
 from .._ops import lib
@@ -74,9 +73,12 @@ PRESETS = {
 }
 
 
-def _mix64(*xs: int) -> int:
-    """A 63-bit seed from integers (SplitMix64 finaliser over a running combination)."""
-    h = 0x9E3779B97F4A7C15
+_MIX_START = 0x9E3779B97F4A7C15
+_MASK63 = 0x7FFFFFFFFFFFFFFF
+
+
+def _mix64_state(h: int, *xs: int) -> int:
+    """The running 64-bit combination of ``_mix64`` continued over ``xs`` from the state ``h``."""
     for x in xs:
         h = (h ^ (int(x) & 0xFFFFFFFFFFFFFFFF)) & 0xFFFFFFFFFFFFFFFF
         h = (h + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
@@ -84,7 +86,12 @@ def _mix64(*xs: int) -> int:
         z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
         h = z ^ (z >> 31)
-    return h & 0x7FFFFFFFFFFFFFFF
+    return h
+
+
+def _mix64(*xs: int) -> int:
+    """A 63-bit seed from integers (SplitMix64 finaliser over a running combination)."""
+    return _mix64_state(_MIX_START, *xs) & _MASK63
 
 
 def _below_autograd():
@@ -106,6 +113,51 @@ def _matvec_now(q_out, q_in, scale, v, power):
     """``kron_eigen_matvec(q_out, q_in, scale, v, power)`` without a graph."""
     with torch.no_grad(), _below_autograd():
         return lib.kron_eigen_matvec(q_out, q_in, scale, v, float(power))
+
+
+# the compiled ops, called below the autograd layer (the optimizer needs no graph)
+_SAMPLE = lib.kron_eigen_sample.default
+_NGD = lib.kron_eigen_ngd.default
+_MOMENTS = lib.kron_eigen_moments.default
+
+
+def _probe_engine():
+    """torch's C++ autograd engine, when calling it directly (a private API: the signature of
+    ``run_backward`` is torch's own business) gives what ``torch.autograd.grad`` gives on a
+    small probe; ``None`` otherwise, and :func:`_grad` then always takes the public wrapper."""
+    engine = getattr(getattr(torch.autograd, "Variable", None), "_execution_engine", None)
+    if engine is None:
+        return None
+    try:
+        x = torch.tensor([1.0, 2.0], requires_grad=True)
+        y = x * x
+        (g,) = engine.run_backward((y,), (torch.ones(2),), False, False, (x,), True, False)
+        return engine if torch.equal(g, torch.tensor([2.0, 4.0])) else None
+    except Exception:  # a changed private signature: use the public path
+        return None
+
+
+_ENGINE = _probe_engine()
+
+
+def _grad(out, inputs, grad_out, retain):
+    """``torch.autograd.grad(out, inputs, grad_out, retain_graph=retain, allow_unused=True)`` for a
+    ``grad_out`` of ``out``'s shape and dtype.  On the CPU the autograd engine is called directly: the
+    Python wrapper's argument checks and set-up cost about a tenth of a whole UCI-MLP step (measured
+    30-40 us of 300); elsewhere (CUDA backward passes run in device threads, which need the context
+    the wrapper stashes for them) through the wrapper."""
+    if _ENGINE is not None and out.device.type == "cpu":
+        return _ENGINE.run_backward((out,), (grad_out,), retain, False, inputs, True, False)
+    return torch.autograd.grad(out, inputs, grad_outputs=grad_out, retain_graph=retain, allow_unused=True)
+
+
+def _running_gram(old, rows, beta, alpha, world, avg):
+    """``beta * old + alpha * R^T R`` for the row blocks ``rows`` stacked into ``R`` (a new tensor); on
+    ``world > 1`` ranks ``R^T R`` is averaged over the ranks first (``avg``)."""
+    r = rows[0] if len(rows) == 1 else torch.cat(rows)
+    if world == 1:
+        return torch.addmm(old, r.mT, r, beta=beta, alpha=alpha)
+    return (old * beta).add_(avg(r.mT @ r), alpha=alpha)
 
 
 def _dist_info():
@@ -247,6 +299,12 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                 if mod.bias is not None:
                     mod.bias.data = mat[:, n_w]
             self._mat[name] = mat
+        self._layer_list = list(self.layers.items())
+        self._mats = [self._mat[n] for n in self.layers]
+        self._mats3 = [m.unsqueeze(0) for m in self._mats]  # (1, out, in) views, as the sampling op returns
+        self._label_gens = {}  # device -> the generator of the sampled labels, re-seeded every step
+        self._scalars = {}  # 0-dim tensors of constants (_scalar)
+        self._eig_cache = {}  # K-FAC eigenvalues and the state tensors they were computed from (_cached)
         self._weights = [m.weight for m in self.layers.values()]
         self._biases = [m.bias for m in self.layers.values() if m.bias is not None]
 
@@ -295,8 +353,52 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         """Eigenvalues of Cov(vec W) in the Kronecker eigenbasis."""
         c = self.hp["kl_weight"] / self.num_data
         if self._ekfac:
-            return c / (st["S"] + self.gamma_in)
-        return c / damped_kfac_eigenvalues(st["d_g"], st["d_a"], self.gamma_in, st["pi"])
+            s = st["S"]
+            return torch.div(self._scalar(c, s), s + self.gamma_in)  # (a tensor numerator: one op)
+        key = ("variance", id(st["d_g"]), c, self.gamma_in)
+        hit = self._cached(key, st)
+        if hit is None:
+            hit = self._store(key, st, c / damped_kfac_eigenvalues(st["d_g"], st["d_a"], self.gamma_in, st["pi"]))
+        return hit
+
+    def _kfac_eigenvalues(self, st, damping) -> torch.Tensor:
+        """The damped K-FAC eigenvalues ``damped_kfac_eigenvalues(d_g, d_a, damping, pi)`` of a layer."""
+        key = ("damped", id(st["d_g"]), damping)
+        hit = self._cached(key, st)
+        if hit is None:
+            hit = self._store(key, st, damped_kfac_eigenvalues(st["d_g"], st["d_a"], damping, st["pi"]))
+        return hit
+
+    # K-FAC's eigenvalues change only with the bases, the damping and pi (every T_inv steps, or when
+    # sigma_noise or the state is set), and each of those puts new tensors in the state: a value is reused
+    # while the very tensors it was computed from are still the state's.
+    def _cached(self, key, st):
+        hit = self._eig_cache.get(key)
+        if hit is not None and hit[0] is st["d_g"] and hit[1] is st["d_a"] and hit[2] is st["pi"]:
+            return hit[3]
+        return None
+
+    def _store(self, key, st, value):
+        if len(self._eig_cache) > 4 * len(self.layers):
+            self._eig_cache.clear()
+        self._eig_cache[key] = (st["d_g"], st["d_a"], st["pi"], value)
+        return value
+
+    def _scalar(self, value: float, like: torch.Tensor) -> torch.Tensor:
+        """``value`` as a 0-dim tensor of ``like``'s dtype and device (kept)."""
+        key = (value, like.dtype, like.device)
+        t = self._scalars.get(key)
+        if t is None:
+            if len(self._scalars) > 8:
+                self._scalars.clear()
+            t = self._scalars[key] = torch.tensor(value, dtype=like.dtype, device=like.device)
+        return t
+
+    def _label_generator(self, device) -> torch.Generator:
+        gen = self._label_gens.get(device)
+        if gen is None:
+            gen = self._label_gens[device] = torch.Generator(device=device)
+        return gen
 
     def posterior(self, layer):
         """The posterior of one layer's ``(out, in+1)`` weight matrix ``[W | b]``:
@@ -376,16 +478,15 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         """Gradients of ``out`` (weighted by ``grad_out``) with respect to every layer's output,
         appended to the hooks' ``grads``."""
         hooks = self._hooks
-        names = list(self.layers)
-        missing = [n for n in names if n not in hooks.outputs]
-        if missing:
+        outputs = hooks.outputs
+        if len(outputs) != len(self.layers):
+            missing = [n for n in self.layers if n not in outputs]
             raise RuntimeError(f"layer {missing[0]!r} was not called in the forward pass")
-        gs = torch.autograd.grad(out, [hooks.outputs[n] for n in names], grad_outputs=grad_out,
-                                 retain_graph=retain, allow_unused=True)
-        for n, g in zip(names, gs):
+        gs = _grad(out, tuple(outputs[n] for n in self.layers), grad_out, retain)
+        for (n, g), grads in zip(zip(self.layers, gs), hooks.grads.values()):
             if g is None:
                 raise RuntimeError(f"the output of layer {n!r} does not reach the model output")
-            hooks.grads[n].append(g)
+            grads.append(g)
 
     def _name_non_finite_input(self):
         for n in self.layers:
@@ -415,15 +516,18 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         if B % P != 0:
             raise ValueError(f"the batch size {B} must be divisible by particles={P}")
         chunk = B // P
-        layers = self.layers
-        mats = self._mat
-        weights = self._weights
-        means = {n: mats[n].clone() for n in layers}
-        empty = dict.fromkeys(layers)
-        w_sum, grads, a_sum, g_sum = dict(empty), dict(empty), dict(empty), dict(empty)
-        saved = {n: [] for n in layers}  # (a, [g]) for the re-scaling update
-        lin = {}  # layer -> (a, g) 2-d, for the fast path
-        fast = P == 1 and world == 1
+        layers = self._layer_list
+        nl = len(layers)
+        mats, mats3 = self._mats, self._mats3
+        states = [self.state[m.weight] for _, m in layers]
+        means = [t.clone() for t in mats]
+        w_sum, grads = [None] * nl, [None] * nl
+        # this step's curvature statistics of each layer: row matrices R whose Gram matrices R^T R sum
+        # to the batch factors (A: times a_scale), and (patches, [output gradients]) for the re-scaling
+        # where an example has several locations or the moments are averaged over ranks
+        a_rows, g_rows, saved = [[] for _ in layers], [[] for _ in layers], [[] for _ in layers]
+        grad_rows = [[] for _ in layers]  # stacked batch: (output-gradient rows, input rows) of the loss gradient
+        a_scale = [1.0] * nl
         for p in self.other_params:
             p.grad = None
         # one backward for the loss and the sampled-label statistics (the batch is stacked with
@@ -433,22 +537,23 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         hooks = self._hooks
         try:
             for j in range(P):
+                # the random streams of this share of the global batch: _mix64(seed, step, share) for the
+                # sampled labels, _mix64(seed, step, share, layer, 1) for the weight noise (Philox)
+                h = _mix64_state(_MIX_START, self.seed, k, rank * P + j)
                 gen = None
-                if need_acts and self.fisher_type == "mc":  # the sampled labels' stream
-                    gen = torch.Generator(device=inputs.device)
-                    gen.manual_seed(_mix64(self.seed, k, rank * P + j))
+                if need_acts and self.fisher_type == "mc":
+                    gen = self._label_generator(inputs.device)
+                    gen.manual_seed(h & _MASK63)
                 xs, ys = (inputs, targets) if P == 1 else (inputs[j * chunk:(j + 1) * chunk],
                                                            targets[j * chunk:(j + 1) * chunk])
                 if self.noise:
                     with torch.no_grad(), _below_autograd():
-                        for li, (n, m) in enumerate(layers.items()):
-                            st = self.state[m.weight]
-                            # Philox stream keyed by (seed, step, share of the global batch, layer)
-                            w = lib.kron_eigen_sample(means[n], st["q_g"], st["q_a"], self._posterior_variance(st),
-                                                      1, seed=_mix64(self.seed, k, rank * P + j, li, 1),
-                                                      offset=0)[0][0]
-                            mats[n].copy_(w)
-                            w_sum[n] = w if w_sum[n] is None else w_sum[n] + w
+                        for i, st in enumerate(states):
+                            w = _SAMPLE(means[i], st["q_g"], st["q_a"], self._posterior_variance(st), 1,
+                                        seed=_mix64_state(h, i, 1) & _MASK63, offset=0)[0]  # (1, out, in)
+                            mats3[i].copy_(w)
+                            if P > 1:
+                                w_sum[i] = w[0] if w_sum[i] is None else w_sum[i] + w[0]
                 hooks.clear()
                 hooks.record_inputs = need_acts
                 hooks.record_grads = need_acts
@@ -464,23 +569,21 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                         # the output gradients of both halves in one buffer: (f - y)/(sigma^2 B) for the
                         # loss, -eps/sigma for a label drawn from the predictive (as output_gradients)
                         sig2 = self.sigma_noise ** 2
-                        go = torch.empty((2 * chunk,) + f.shape[1:], dtype=f.dtype, device=f.device)
-                        diff = torch.sub(f, ys, out=go[:chunk])
-                        nll = torch.dot(diff.reshape(-1), diff.reshape(-1)) * (0.5 / sig2)
-                        diff.mul_(1.0 / (sig2 * B))
-                        torch.randn(f.shape, generator=gen, dtype=f.dtype, device=f.device,
-                                    out=go[chunk:]).mul_(-1.0 / self.sigma_noise)
-                        self._output_grads(out2, go, False)
-                    elif self.likelihood == "regression":
                         diff = f - ys
-                        e_loss = diff * (1.0 / (self.sigma_noise ** 2 * B))
-                        nll = (diff * diff).sum() * (0.5 / self.sigma_noise ** 2)
+                        nll = torch.dot(diff.view(-1), diff.view(-1)) * (0.5 / sig2)
+                        eps = torch.randn(f.shape, generator=gen, dtype=f.dtype, device=f.device)
+                        go = torch.cat([diff.mul_(1.0 / (sig2 * B)), eps.mul_(-1.0 / self.sigma_noise)])
+                        self._output_grads(out2, go, False)
                     else:
-                        logp = f.log_softmax(-1)
-                        onehot = nn.functional.one_hot(ys.long(), f.shape[1]).to(f.dtype)
-                        e_loss = (logp.exp() - onehot) / B
-                        nll = -(logp * onehot).sum()
-                    if not (self.likelihood == "regression" and self.fisher_type == "mc"):
+                        if self.likelihood == "regression":
+                            diff = f - ys
+                            e_loss = diff * (1.0 / (self.sigma_noise ** 2 * B))
+                            nll = (diff * diff).sum() * (0.5 / self.sigma_noise ** 2)
+                        else:
+                            logp = f.log_softmax(-1)
+                            onehot = nn.functional.one_hot(ys.long(), f.shape[1]).to(f.dtype)
+                            e_loss = (logp.exp() - onehot) / B
+                            nll = -(logp * onehot).sum()
                         try:
                             e_stat = output_gradients(out2[chunk:], ys, self.likelihood, self.fisher_type,
                                                       self.sigma_noise, 1, gen)[0]
@@ -505,53 +608,32 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                     hooks.record_grads = False
                     hooks.record_inputs = False
                     nll = self._nll_sum(out, ys)
-                    params = weights + self._biases + self.other_params
-                    gr = torch.autograd.grad(nll / B, params, allow_unused=True)
-                    for p, g in zip(self.other_params, gr[len(weights) + len(self._biases):]):
-                        if g is not None:
-                            p.grad = g if p.grad is None else p.grad + g
-                    gw, gb = gr[:len(weights)], gr[len(weights):len(weights) + len(self._biases)]
-                    bi = 0
-                    for i, (n, m) in enumerate(layers.items()):
-                        g = gw[i].reshape(gw[i].shape[0], -1) if gw[i] is not None else torch.zeros_like(
-                            means[n][:, :m.weight[0].numel()])
-                        if m.bias is not None:
-                            b = gb[bi] if gb[bi] is not None else torch.zeros_like(means[n][:, -1])
-                            g = torch.cat([g, b.unsqueeze(1)], 1)
-                            bi += 1
-                        grads[n] = g if grads[n] is None else grads[n] + g
+                    self._parameter_gradients(nll / B, means, grads)
                 nll = nll.detach()
                 total_nll = nll if total_nll is None else total_nll + nll
                 if need_acts:
-                    for n, m in layers.items():
-                        x_in = hooks.inputs[n]
-                        g_out = hooks.grads[n]
+                    for i, (n, m) in enumerate(layers):
+                        x_in, g_out = hooks.inputs[n], hooks.grads[n]
                         if stacked:
                             a = input_patches(m, x_in[:chunk])
                             g_both = output_grads(m, g_out[0])
-                            g_loss, gl = g_both[:chunk], [g_both[chunk:]]
-                            if a.shape[1] == 1:
-                                gm = g_loss[:, 0].mT @ a[:, 0]
-                            else:
-                                gm = g_loss.flatten(0, 1).mT @ a.flatten(0, 1)
-                            grads[n] = gm if grads[n] is None else grads[n] + gm
+                            gl = [g_both[chunk:]]
+                            # the loss gradient as rows: sum over examples and locations of g a^T
+                            rows = chunk * a.shape[1]
+                            grad_rows[i].append((g_both.flatten(0, 1)[:rows], a.flatten(0, 1)))
                         else:
                             a = input_patches(m, x_in)
                             gl = [output_grads(m, g) for g in g_out]
-                        if fast and a.shape[1] == 1 and len(gl) == 1:
-                            # one location, one label draw, one share: the running averages below are
-                            # single addmm calls on these (batch, features) matrices
-                            lin[n] = (a[:, 0], gl[0][:, 0])
-                            continue
-                        if do_stats:
-                            fa = input_factor(a, self.kfac_approx)
-                            fg = gradient_factor(gl[0], self.kfac_approx)
-                            for g in gl[1:]:
-                                fg = fg + gradient_factor(g, self.kfac_approx)
-                            a_sum[n] = fa if a_sum[n] is None else a_sum[n] + fa
-                            g_sum[n] = fg if g_sum[n] is None else g_sum[n] + fg
-                        if do_scale:
-                            saved[n].append((a, gl))
+                        locs = a.shape[1]
+                        if locs == 1 or self.kfac_approx == "expand":  # sum_n (1/T) sum_t a a^T, sum_n sum_t g g^T
+                            a_scale[i] = 1.0 / locs
+                            a_rows[i].append(a.flatten(0, 1))
+                            g_rows[i].extend(g.flatten(0, 1) for g in gl)
+                        else:  # sum_n mean_t(a) mean_t(a)^T, sum_n sum_t(g) sum_t(g)^T
+                            a_rows[i].append(a.mean(1))
+                            g_rows[i].extend(g.sum(1) for g in gl)
+                        if do_scale and (locs > 1 or world > 1):
+                            saved[i].append((a, gl))
                 hooks.clear()
         finally:
             hooks.record_inputs = False
@@ -560,110 +642,132 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
 
         # ---- average across ranks ------------------------------------------------------------------------------
         def avg(t):
-            if world > 1:
-                dist.all_reduce(t)
-                t /= world
+            dist.all_reduce(t)
+            t /= world
             return t
 
+        g_out_rows, g_in_rows = [None] * nl, [None] * nl
+        for i, pairs in enumerate(grad_rows):
+            if pairs:
+                go_, gi_ = (torch.cat(t) for t in zip(*pairs)) if len(pairs) > 1 else pairs[0]
+                if world > 1:
+                    grads[i] = go_.mT @ gi_
+                else:  # the preconditioning op forms the gradient itself
+                    g_out_rows[i], g_in_rows[i] = go_, gi_
         if world > 1:
-            for n in layers:
-                avg(grads[n])
+            for g in grads:
+                avg(g)
             for p in self.other_params:
                 if p.grad is not None:
                     avg(p.grad)
-        w_bar = {}
-        for n in layers:
-            w_bar[n] = means[n] if not self.noise else (w_sum[n] if P == 1 else w_sum[n] / P)
-            if world > 1 and self.noise:
-                w_bar[n] = avg(w_bar[n].clone())
-        loss = avg(total_nll / B)
+        w_bar = []
+        for i in range(nl):
+            # the sampled weights (with one share, the layer still holds its sample), their mean over shares
+            w = means[i] if not self.noise else (mats[i] if P == 1 else w_sum[i] / P)
+            w_bar.append(avg(w.clone()) if world > 1 and self.noise else w)
+        loss = total_nll / B
+        if world > 1:
+            avg(loss)
 
-        # ---- statistics, bases, re-scaling -------------------------------------------------------------------------
-        if do_stats:
-            self._stats_count += 1
-            wgt = running_average_weight(beta, self._stats_count)
-            for n, m in layers.items():
-                st = self.state[m.weight]
-                # new tensors, not in-place: a state_dict() taken earlier must not change
-                if n in lin:
-                    a2, g2 = lin[n]
-                    st["A"] = torch.addmm(st["A"], a2.mT, a2, beta=1 - wgt, alpha=wgt / B)
-                    st["G"] = torch.addmm(st["G"], g2.mT, g2, beta=1 - wgt, alpha=wgt / B)
-                    continue
-                if world > 1:
-                    a_sum[n], g_sum[n] = avg(a_sum[n]), avg(g_sum[n])
-                st["A"] = (st["A"] * (1 - wgt)).add_(a_sum[n], alpha=wgt / B)
-                st["G"] = (st["G"] * (1 - wgt)).add_(g_sum[n], alpha=wgt / B)
-        if do_inv:
-            for n, m in layers.items():
-                st = self.state[m.weight]
-                if rank == 0:
-                    check_finite(n, "input factor A", st["A"])
-                    check_finite(n, "gradient factor G", st["G"])
-                    st["d_a"], st["q_a"] = eigen_basis(st["A"], self.min_eigenvalue)
-                    st["d_g"], st["q_g"] = eigen_basis(st["G"], self.min_eigenvalue)
-                    st["pi"] = trace_norm_pi(st["A"], st["G"])
-                if world > 1:
-                    for key in ("d_a", "q_a", "d_g", "q_g", "pi"):
-                        # a fresh contiguous tensor: broadcast sends the storage as it lies
-                        st[key] = st[key].contiguous() if rank == 0 else torch.empty_like(
-                            st[key], memory_format=torch.contiguous_format)
-                        dist.broadcast(st[key], 0)
-        if do_reinit:
-            for n, m in layers.items():
-                st = self.state[m.weight]
-                da = ((st["A"] @ st["q_a"]) * st["q_a"]).sum(0)  # diag(Q_A^T A Q_A)
-                dg = ((st["G"] @ st["q_g"]) * st["q_g"]).sum(0)
-                st["S"] = dg.clamp_min(self.min_eigenvalue).unsqueeze(1) * da.clamp_min(self.min_eigenvalue)
-        if do_scale:
-            self._scale_count += 1
-            wgt = running_average_weight(beta_scale, self._scale_count)
-            for n, m in layers.items():
-                st = self.state[m.weight]
-                if n in lin:
-                    a2, g2 = lin[n]
-                    st["S"] = torch.addmm(st["S"], (g2 @ st["q_g"]).square_().mT, (a2 @ st["q_a"]).square_(),
-                                          beta=1 - wgt, alpha=wgt / B)
-                    continue
-                s = None
-                for a, gs in saved[n]:
-                    for g in gs:
-                        v = per_example_second_moments(a, g, st["q_a"], st["q_g"])
-                        s = v if s is None else s + v
-                st["S"] = (st["S"] * (1 - wgt)).add_(avg(s), alpha=wgt / B)
-
-        # ---- the mean step ----------------------------------------------------------------------------------------
-        # P^{-1} V with V = -(grad + gamma_in W): precondition u = grad + gamma_in W and step by -lr
-        deltas = {}
-        check = None
         with torch.no_grad(), _below_autograd():
-            for n, m in layers.items():
-                st = self.state[m.weight]
-                u = torch.add(grads[n], w_bar[n], alpha=self.gamma_in)
+            # ---- statistics, bases, re-scaling (new tensors, not in-place: a state_dict() taken earlier
+            # must not change) -------------------------------------------------------------------------------
+            if do_stats:
+                self._stats_count += 1
+                wgt = running_average_weight(beta, self._stats_count)
+                for i, st in enumerate(states):
+                    st["A"] = _running_gram(st["A"], a_rows[i], 1 - wgt, wgt * a_scale[i] / B, world, avg)
+                    st["G"] = _running_gram(st["G"], g_rows[i], 1 - wgt, wgt / B, world, avg)
+            if do_inv:
+                for i, st in enumerate(states):
+                    n = layers[i][0]
+                    if rank == 0:
+                        check_finite(n, "input factor A", st["A"])
+                        check_finite(n, "gradient factor G", st["G"])
+                        st["d_a"], st["q_a"] = eigen_basis(st["A"], self.min_eigenvalue)
+                        st["d_g"], st["q_g"] = eigen_basis(st["G"], self.min_eigenvalue)
+                        st["pi"] = trace_norm_pi(st["A"], st["G"])
+                    if world > 1:
+                        for key in ("d_a", "q_a", "d_g", "q_g", "pi"):
+                            # a fresh contiguous tensor: broadcast sends the storage as it lies
+                            st[key] = st[key].contiguous() if rank == 0 else torch.empty_like(
+                                st[key], memory_format=torch.contiguous_format)
+                            dist.broadcast(st[key], 0)
+            if do_reinit:
+                for st in states:
+                    da = ((st["A"] @ st["q_a"]) * st["q_a"]).sum(0)  # diag(Q_A^T A Q_A)
+                    dg = ((st["G"] @ st["q_g"]) * st["q_g"]).sum(0)
+                    st["S"] = dg.clamp_min(self.min_eigenvalue).unsqueeze(1) * da.clamp_min(self.min_eigenvalue)
+            if do_scale:
+                self._scale_count += 1
+                wgt = running_average_weight(beta_scale, self._scale_count)
+                for i, st in enumerate(states):
+                    if not saved[i]:
+                        # one location per example, one process: the rows of the factors, each label draw's
+                        # output-gradient rows beside its examples' input rows, and the running average in one op
+                        draws = len(g_rows[i]) // len(a_rows[i])
+                        xr = a_rows[i] if draws == 1 else [r for r in a_rows[i] for _ in range(draws)]
+                        x = xr[0] if len(xr) == 1 else torch.cat(xr)
+                        e = g_rows[i][0] if len(g_rows[i]) == 1 else torch.cat(g_rows[i])
+                        st["S"] = _MOMENTS(st["q_g"], st["q_a"], x, e, st["S"], 1 - wgt, wgt / B)
+                        continue
+                    s = None
+                    for a, gs in saved[i]:
+                        for g in gs:
+                            v = per_example_second_moments(a, g, st["q_a"], st["q_g"])
+                            s = v if s is None else s + v
+                    if world > 1:
+                        avg(s)
+                    st["S"] = (st["S"] * (1 - wgt)).add_(s, alpha=wgt / B)
+
+            # ---- the mean step ------------------------------------------------------------------------------------
+            # P^{-1} V with V = -(grad + gamma_in W): precondition u = grad + gamma_in W and step by -lr
+            deltas = []
+            check = None
+            for i, st in enumerate(states):
                 if self._ekfac:
-                    curv = st["S"] + self.gamma
+                    scale, damping = st["S"], self.gamma
                 else:
-                    curv = damped_kfac_eigenvalues(st["d_g"], st["d_a"], self.gamma, st["pi"])
-                d = lib.kron_eigen_matvec(st["q_g"], st["q_a"], curv, u, -1.0)
-                deltas[n] = d
-                du = torch.dot(d.reshape(-1), u.reshape(-1))
+                    scale, damping = self._kfac_eigenvalues(st, self.gamma), 0.0
+                d, du = _NGD(st["q_g"], st["q_a"], scale, damping, w_bar[i], self.gamma_in, grads[i], g_out_rows[i],
+                             g_in_rows[i])
+                deltas.append(d)
                 check = du if check is None else check + du
         vg = float(check)
         if not math.isfinite(vg):
-            for n in layers:
-                check_finite(n, "natural-gradient step", deltas[n])
+            for (n, _), d in zip(layers, deltas):
+                check_finite(n, "natural-gradient step", d)
             raise FloatingPointError(f"non-finite natural-gradient step (loss {float(loss)})")
         nu = 1.0
         if self.kl_clip is not None and vg > 0:
             nu = min(1.0, math.sqrt(self.kl_clip / (lr * lr * vg)))
         with torch.no_grad():
-            for n in layers:
-                torch.add(means[n], deltas[n], alpha=-lr * nu, out=mats[n])
+            for mean, d, mat in zip(means, deltas, mats):
+                torch.add(mean, d, alpha=-lr * nu, out=mat)
         if self.other_optimizer is not None:
             self.other_optimizer.step()
         self.param_groups[0]["lr"] = lr
         self._step += 1
         return loss
+
+    def _parameter_gradients(self, loss, means, grads):
+        """Adds d loss / d [W | b] of every layer to ``grads`` (a list in layer order) and
+        accumulates the other parameters' ``.grad``."""
+        weights, biases, other = self._weights, self._biases, self.other_params
+        gr = torch.autograd.grad(loss, weights + biases + other, allow_unused=True)
+        for p, g in zip(other, gr[len(weights) + len(biases):]):
+            if g is not None:
+                p.grad = g if p.grad is None else p.grad + g
+        gw, gb = gr[:len(weights)], gr[len(weights):len(weights) + len(biases)]
+        bi = 0
+        for i, (n, m) in enumerate(self._layer_list):
+            g = gw[i].reshape(gw[i].shape[0], -1) if gw[i] is not None else torch.zeros_like(
+                means[i][:, :m.weight[0].numel()])
+            if m.bias is not None:
+                b = gb[bi] if gb[bi] is not None else torch.zeros_like(means[i][:, -1])
+                g = torch.cat([g, b.unsqueeze(1)], 1)
+                bi += 1
+            grads[i] = g if grads[i] is None else grads[i] + g
 
     # ---- state ----------------------------------------------------------------------------------------------------
     def state_dict(self):

@@ -6,8 +6,9 @@
 // log/sin/cos cannot give.  Here Box-Muller is written with branch-free float
 // polynomials (own derivations, below) so that
 //   * a loop over Philox blocks vectorises (the CPU batch routine normals_f32
-//     processes kLanes blocks at a time and is compiled for AVX2 and for the
-//     baseline ISA, chosen at run time: VMF_TARGET_CLONES), and
+//     processes kLanes blocks at a time; its callers run it through
+//     isa::dispatch, so it is compiled for AVX2 + FMA and for the baseline ISA,
+//     chosen at run time: macros.h), and
 //   * host and device evaluate the same float operations in the same order
 //     (no FMA contraction: -ffp-contract=off / --fmad=false), so a row's normals
 //     are the same bits on CPU and GPU.
@@ -146,7 +147,7 @@ constexpr int kLanes = 16;
 
 // kLanes Philox blocks side by side: lane l starts from the counter (x0, x1, x2, x3)[l]
 // under the key (k0, k1) and leaves its four normals in out[4l .. 4l+3] (the values of
-// normal4_f32 for that stream and block).  Inlined into the target-cloned callers below.
+// normal4_f32 for that stream and block).
 VMF_FORCEINLINE void philox_lanes_normals(uint32_t* x0, uint32_t* x1, uint32_t* x2, uint32_t* x3, uint32_t k0,
                                           uint32_t k1, float* out) {
   for (int r = 0; r < philox::kDefaultRounds; ++r) {
@@ -176,30 +177,36 @@ VMF_FORCEINLINE void philox_lanes_normals(uint32_t* x0, uint32_t* x1, uint32_t* 
   }
 }
 
-// Blocks j0 .. j0 + kLanes - 1 of one stream (counter words 1-3 fixed).
-VMF_TARGET_CLONES inline void normals_f32_chunk(uint32_t j0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
-                                                uint32_t k1, float* out) {
-  uint32_t x0[kLanes], x1[kLanes], x2[kLanes], x3[kLanes];
-  for (int l = 0; l < kLanes; ++l) {
-    x0[l] = j0 + static_cast<uint32_t>(l);
-    x1[l] = c1;
-    x2[l] = c2;
-    x3[l] = c3;
-  }
-  philox_lanes_normals(x0, x1, x2, x3, k0, k1, out);
+// Blocks j0 .. j0 + kLanes - 1 of one stream (counter words 1-3 fixed).  A dispatch of
+// its own (isa::dispatch, macros.h): the lane loops vectorise best compiled by themselves,
+// not flattened into a caller's dispatch.
+inline void normals_f32_chunk(uint32_t j0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1,
+                              float* out) {
+  isa::dispatch([&] {
+    uint32_t x0[kLanes], x1[kLanes], x2[kLanes], x3[kLanes];
+    for (int l = 0; l < kLanes; ++l) {
+      x0[l] = j0 + static_cast<uint32_t>(l);
+      x1[l] = c1;
+      x2[l] = c2;
+      x3[l] = c3;
+    }
+    philox_lanes_normals(x0, x1, x2, x3, k0, k1, out);
+  });
 }
 
-// Any kLanes counters (blocks of different streams), copied in.
-VMF_TARGET_CLONES inline void normals_f32_lanes(const uint32_t* c0, const uint32_t* c1, const uint32_t* c2,
-                                                const uint32_t* c3, uint32_t k0, uint32_t k1, float* out) {
-  uint32_t x0[kLanes], x1[kLanes], x2[kLanes], x3[kLanes];
-  for (int l = 0; l < kLanes; ++l) {
-    x0[l] = c0[l];
-    x1[l] = c1[l];
-    x2[l] = c2[l];
-    x3[l] = c3[l];
-  }
-  philox_lanes_normals(x0, x1, x2, x3, k0, k1, out);
+// Any kLanes counters (blocks of different streams), copied in; likewise dispatched.
+inline void normals_f32_lanes(const uint32_t* c0, const uint32_t* c1, const uint32_t* c2, const uint32_t* c3,
+                              uint32_t k0, uint32_t k1, float* out) {
+  isa::dispatch([&] {
+    uint32_t x0[kLanes], x1[kLanes], x2[kLanes], x3[kLanes];
+    for (int l = 0; l < kLanes; ++l) {
+      x0[l] = c0[l];
+      x1[l] = c1[l];
+      x2[l] = c2[l];
+      x3[l] = c3[l];
+    }
+    philox_lanes_normals(x0, x1, x2, x3, k0, k1, out);
+  });
 }
 
 // Normals [0, 4 nb) of the streams (seed, offset, row0 + r), r < nrows, for short rows:

@@ -1,15 +1,19 @@
-// Host-side argument checks shared by the CPU and CUDA radial-noise kernels
-// (torch headers; not for device code).
+// Host side of the fused radial noise, shared by the CPU and CUDA backends (torch
+// headers; not for device code): the argument checks, the outputs and the operators
+// themselves (radial::Ops), each backend supplying only its passes.
 #pragma once
 
 #include <ATen/ATen.h>
 
+#include <optional>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "vmfdist/philox.h"
 
 namespace vmfdist {
+namespace radial {
 
 // The event of the radial noise as `groups` rows of `length` elements.
 struct RadialLayout {
@@ -72,4 +76,40 @@ inline std::pair<at::Tensor, at::Tensor> allocate_radial_outputs(const at::Tenso
   return {out, coef};
 }
 
+// The operators of one backend.  Backend: the seed interface (CpuSeeds, CudaSeeds) and
+//   noise(out, coef, loc, scale, lay, seed)            fill out and coef; at least one stream and element
+//   scale_grad(out, grad, coef, lay, seed)             out = d(sum grad * sample)/d scale; a non-empty event
+// (loc, scale, grad contiguous; coef float64 and contiguous).
+template <class Backend>
+struct Ops {
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> noise(const at::Tensor& loc_in, const at::Tensor& scale_in,
+                                                              c10::SymInt num_samples_in, bool rowwise,
+                                                              std::optional<at::Generator> generator,
+                                                              std::optional<int64_t> seed,
+                                                              std::optional<int64_t> offset) {
+    const int64_t num_samples = num_samples_in.expect_int();
+    const RadialLayout lay = check_radial_args(loc_in, scale_in, num_samples, rowwise);
+    const typename Backend::Guard guard(loc_in.device());
+    const auto drawn = Backend::draw("radial_noise", generator, seed, offset, 2, loc_in.device());
+    const at::Tensor loc = loc_in.contiguous(), scale = scale_in.contiguous();
+    auto [out, coef] = allocate_radial_outputs(loc, num_samples, lay, rowwise);
+    if (num_samples * lay.groups > 0 && lay.length > 0) Backend::noise(out, coef, loc, scale, lay, drawn.seed);
+    return {out, coef, drawn.tensor()};
+  }
+
+  static at::Tensor scale_grad(const at::Tensor& grad_in, const at::Tensor& coef_in, const at::Tensor& seed_offset,
+                               bool rowwise) {
+    constexpr const char* op = "radial_noise_scale_grad";
+    const RadialLayout lay = check_radial_grad_args(grad_in, coef_in, rowwise);
+    const typename Backend::Guard guard(grad_in.device());
+    const auto so = Backend::read(op, seed_offset, 2, grad_in.device());
+    const at::Tensor grad = grad_in.contiguous();
+    const at::Tensor coef = coef_in.to(at::kDouble).contiguous();
+    at::Tensor out = at::empty(grad.sizes().slice(1), grad.options());
+    if (lay.groups * lay.length > 0) Backend::scale_grad(out, grad, coef, lay, so);
+    return out;
+  }
+};
+
+}  // namespace radial
 }  // namespace vmfdist

@@ -1,14 +1,20 @@
-// Host-side argument checks shared by the CPU and CUDA von Mises-Fisher kernels
-// (torch headers; not for device code).  The Python layer (vmfdist/distributions)
+// Host side of the von Mises-Fisher sampler, shared by the CPU and CUDA backends (torch
+// headers; not for device code): the argument checks and the operator (vmf::Ops), each
+// backend supplying only its kernel.  The Python layer (vmfdist/distributions)
 // validates user input with friendlier messages; these guard the raw ops.
 #pragma once
 
 #include <ATen/ATen.h>
 
+#include <optional>
+#include <tuple>
+
 #include "vmfdist/philox.h"
 #include "host/tensor_checks.h"
+#include "vmfdist/vmf.h"
 
 namespace vmfdist {
+namespace vmf {
 
 // vmf_sample(loc (B, d), concentration (B,), num_samples, ...).
 // The seed and offset are checked by check_random_args (random_state.h).
@@ -29,4 +35,24 @@ inline void check_vmf_sample_args(const at::Tensor& loc, const at::Tensor& kappa
   TORCH_CHECK(loc.size(1) <= (int64_t(1) << 33), op, ": d must be below 2^33, got ", loc.size(1));
 }
 
+// The operator of one backend.  Backend: the seed interface (CpuSeeds, CudaSeeds) and
+//   sample(x, omw, loc, kappa, seed)   fill x (n, B, d) and omw (n, B); loc, kappa contiguous, n * B > 0
+template <class Backend>
+struct Ops {
+  static std::tuple<at::Tensor, at::Tensor> sample(const at::Tensor& loc_in, const at::Tensor& kappa_in,
+                                                   c10::SymInt num_samples_in, std::optional<at::Generator> generator,
+                                                   std::optional<int64_t> seed, std::optional<int64_t> offset) {
+    const int64_t num_samples = num_samples_in.expect_int();
+    check_vmf_sample_args(loc_in, kappa_in, num_samples);
+    const typename Backend::Guard guard(loc_in.device());
+    const auto drawn = Backend::draw("vmf_sample", generator, seed, offset, 2, loc_in.device());
+    const at::Tensor loc = loc_in.contiguous(), kappa = kappa_in.contiguous();
+    at::Tensor x = at::empty({num_samples, loc.size(0), loc.size(1)}, loc.options());
+    at::Tensor omw = at::empty({num_samples, loc.size(0)}, loc.options());
+    if (num_samples * loc.size(0) > 0) Backend::sample(x, omw, loc, kappa, drawn.seed);
+    return {x, omw};
+  }
+};
+
+}  // namespace vmf
 }  // namespace vmfdist

@@ -1,15 +1,19 @@
-// Host-side argument checks shared by the CPU and CUDA random kernels
-// (torch headers; not for device code).
+// Host side of the counter-based random ops, shared by the CPU and CUDA backends
+// (torch headers; not for device code): the argument checks and the operators
+// themselves (philox::Ops), each backend supplying only its loops.
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
 #include <c10/util/safe_numerics.h>
 
+#include <optional>
 #include <utility>
 
 #include "vmfdist/philox.h"
 
 namespace vmfdist {
+namespace philox {
 
 // philox4x32(counter, key, rounds): counter int64 (n, 4), key int64 (n, 2), both
 // holding values in [0, 2^32), same device; 1 <= rounds <= 16.  Returns the
@@ -56,4 +60,50 @@ inline void check_philox_factory(const char* op, at::IntArrayRef size, at::Scala
               ": size must have fewer than 2^48 elements, got ", size);
 }
 
+// The operators of one backend.  Backend: the seed interface (CpuSeeds, CudaSeeds), kDevice,
+// and the loops
+//   philox4x32(counter, key, rounds, out)     counter, key contiguous, out (n, 4), n > 0
+//   fill<scalar_t, Fn>(out, seed)             out[i] = Fn<scalar_t>{seed, offset}(i), numel > 0
+template <class Backend>
+struct Ops {
+  static at::Tensor philox4x32(const at::Tensor& counter_in, const at::Tensor& key_in, int64_t rounds) {
+    TORCH_CHECK(counter_in.device().type() == Backend::kDevice, "philox4x32: counter must be a ", Backend::kDevice,
+                " tensor here, got ", counter_in.device());
+    const auto [counter, key] = check_philox4x32_args(counter_in, key_in, rounds);
+    const typename Backend::Guard guard(counter.device());
+    at::Tensor out = at::empty({counter.size(0), 4}, counter.options());
+    if (counter.size(0) > 0) Backend::philox4x32(counter, key, static_cast<int>(rounds), out);
+    return out;
+  }
+
+  template <template <typename> class Fn>
+  static at::Tensor fill(const char* op, c10::SymIntArrayRef size_in, at::ScalarType dtype, at::Device device,
+                         const std::optional<at::Generator>& generator, std::optional<int64_t> seed,
+                         std::optional<int64_t> offset) {
+    const at::IntArrayRef size = C10_AS_INTARRAYREF_SLOW(size_in);
+    check_philox_factory(op, size, dtype);
+    const typename Backend::Guard guard(device);
+    const auto drawn = Backend::draw(op, generator, seed, offset, 1, device);
+    at::Tensor out = at::empty(size, at::TensorOptions().dtype(dtype).device(device));
+    if (out.numel() == 0) return out;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "vmfdist_philox_fill", [&] {
+      Backend::template fill<scalar_t, Fn>(out, drawn.seed);
+    });
+    return out;
+  }
+
+  static at::Tensor uniform(c10::SymIntArrayRef size, at::ScalarType dtype, at::Device device,
+                            std::optional<at::Generator> generator, std::optional<int64_t> seed,
+                            std::optional<int64_t> offset) {
+    return fill<UniformFn>("philox_uniform", size, dtype, device, generator, seed, offset);
+  }
+
+  static at::Tensor normal(c10::SymIntArrayRef size, at::ScalarType dtype, at::Device device,
+                           std::optional<at::Generator> generator, std::optional<int64_t> seed,
+                           std::optional<int64_t> offset) {
+    return fill<NormalFn>("philox_normal", size, dtype, device, generator, seed, offset);
+  }
+};
+
+}  // namespace philox
 }  // namespace vmfdist
