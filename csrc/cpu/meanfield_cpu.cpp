@@ -1,11 +1,11 @@
-// CPU kernels of the mean-field ops (math and noise layout: vmfdist/meanfield.h; argument
-// checks: host/meanfield_checks.h).  rho is cut into chunks of meanfield::kChunk elements, the
-// parallel range; a chunk evaluates softplus(rho) (and the KL terms) once and then serves
-// every sample, so no temporary of the output's size is made.  The normals of an element
-// depend only on (seed, offset, sample, position) and the KL's chunk sums are added in a
-// fixed order, so any thread count gives the same bits.  Every parallel_for task runs through
-// isa::dispatch (macros.h): the loops over a chunk are compiled for baseline x86-64 and for
-// AVX2 + FMA, the copy chosen at run time.
+// CPU passes of the mean-field ops (math and noise layout: vmfdist/meanfield.h).  rho is cut
+// into chunks of meanfield::kChunk elements, the parallel range; a chunk evaluates softplus(rho)
+// (and the KL terms) once and then serves every sample, so no temporary of the output's size is
+// made.  The normals of an element depend only on (seed, offset, sample, position) and the KL's
+// chunk sums are added in a fixed order, so any thread count gives the same bits.  Every
+// parallel_for task runs through isa::dispatch (macros.h): the loops over a chunk are compiled
+// for baseline x86-64 and for AVX2 + FMA, the copy chosen at run time.  The operators (checks,
+// seed, outputs) are shared with CUDA: meanfield::Ops in host/meanfield_host.h.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -13,54 +13,67 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <optional>
-#include <tuple>
 #include <type_traits>
 #include <vector>
 
 #include "vmfdist/meanfield.h"
-#include "host/meanfield_checks.h"
+#include "host/meanfield_host.h"
 #include "host/random_state.h"
 
 namespace vmfdist {
 namespace {
 
 using meanfield::kChunk;
+using meanfield::Operands;
 
-// Chunks per task for `per_chunk` units of work per chunk: at least 4096 elements' worth
-// (smaller ranges stay on the calling thread).
-inline int64_t grain_for(int64_t per_chunk) { return std::max<int64_t>(1, 4096 / std::max<int64_t>(1, per_chunk)); }
+// f(c, start, n) for every chunk c of a D-element rho (its elements [start, start + n)), with
+// `per_chunk` units of work per chunk: at least 4096 units per task (smaller ranges stay on the
+// calling thread).  One parallel_for task at a time, through isa::dispatch.
+template <class F>
+void for_each_chunk(int64_t D, int64_t per_chunk, const F& f) {
+  const int64_t nchunk = (D + kChunk - 1) / kChunk;
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, per_chunk));
+  at::parallel_for(0, nchunk, grain, [&](int64_t b, int64_t e) {
+    isa::dispatch([&] {
+      for (int64_t c = b; c < e; ++c) {
+        const int64_t start = c * kChunk;
+        f(c, start, std::min(kChunk, D - start));
+      }
+    });
+  });
+}
+
+// The sum of the chunk sums, in order, into the 0-dim `kl`.
+inline void fill_total(at::Tensor& kl, const std::vector<double>& partial) {
+  double total = 0.0;
+  for (const double v : partial) total += v;
+  kl.fill_(total);
+}
 
 template <typename scalar_t>
 const scalar_t* ptr_or_null(const at::Tensor& x) {
   return x.defined() ? x.const_data_ptr<scalar_t>() : nullptr;
 }
 
-inline at::Tensor contiguous_or_undefined(const std::optional<at::Tensor>& t) {
-  return given(t) ? t->contiguous() : at::Tensor();
-}
-
-// The operands of a kernel: mu (null without loc), rho, the prior's loc and scale (null
+// The data of a pass's operands: mu (null without loc), rho, the prior's loc and scale (null
 // without a prior) and the prior's single-element form.
 template <typename scalar_t, typename T>
-struct Operands {
+struct Pointers {
   const scalar_t *mu, *rho, *m, *s;
   bool m_full, s_full;
   meanfield::Prior<T> p0;
-};
 
-template <typename scalar_t, typename T>
-Operands<scalar_t, T> operands(const at::Tensor& loc, const at::Tensor& rho, const at::Tensor& pm,
-                               const at::Tensor& ps) {
-  Operands<scalar_t, T> e{ptr_or_null<scalar_t>(loc), rho.const_data_ptr<scalar_t>(), ptr_or_null<scalar_t>(pm),
-                          ptr_or_null<scalar_t>(ps), false, false, {}};
-  if (e.m != nullptr) {
-    e.m_full = pm.numel() != 1;
-    e.s_full = ps.numel() != 1;
-    if (rho.numel() > 0) e.p0 = meanfield::prior_of<T>(static_cast<T>(e.m[0]), static_cast<T>(e.s[0]));
+  explicit Pointers(const Operands& x)
+      : mu(ptr_or_null<scalar_t>(x.loc)),
+        rho(x.rho.const_data_ptr<scalar_t>()),
+        m(ptr_or_null<scalar_t>(x.prior_loc)),
+        s(ptr_or_null<scalar_t>(x.prior_scale)),
+        m_full(m != nullptr && x.prior_loc.numel() != 1),
+        s_full(s != nullptr && x.prior_scale.numel() != 1),
+        p0{} {
+    if (m != nullptr) p0 = meanfield::prior_of<T>(static_cast<T>(m[0]), static_cast<T>(s[0]));
   }
-  return e;
-}
+};
 
 // f.template operator()<kWithKl, kLocFull, kScaleFull>() for the prior of one entry (without
 // a prior: kWithKl false and the layout flags unused).
@@ -170,129 +183,7 @@ void accumulate_chunk(T* acc_ge, T* acc_g, const scalar_t* g, const T* eps, int6
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> meanfield_sample_cpu(
-    const std::optional<at::Tensor>& loc_in, const at::Tensor& rho_in, const std::optional<at::Tensor>& prior_loc_in,
-    const std::optional<at::Tensor>& prior_scale_in, c10::SymInt num_samples_in, bool save_noise,
-    std::optional<at::Generator> generator, std::optional<int64_t> seed_in, std::optional<int64_t> offset_in) {
-  const int64_t S = num_samples_in.expect_int();
-  const bool with_kl = check_meanfield_sample_args(loc_in, rho_in, prior_loc_in, prior_scale_in, S);
-  const SeedOffset so = cpu_seed_offset("meanfield_sample", generator, seed_in, offset_in, 1);
-  at::Tensor seed_offset = cpu_seed_offset_tensor(so);
-  const at::Tensor rho = rho_in.contiguous(), loc = contiguous_or_undefined(loc_in);
-  const at::Tensor pm = contiguous_or_undefined(prior_loc_in), ps = contiguous_or_undefined(prior_scale_in);
-  auto [out, noise] = allocate_meanfield_outputs(rho, S, save_noise);
-  at::Tensor kl = at::zeros({}, rho.options());
-  const int64_t D = rho.numel();
-  const int64_t nchunk = (D + kChunk - 1) / kChunk;
-  if ((S == 0 && !with_kl) || D == 0) return {out, noise, kl, seed_offset};
-  std::vector<double> partial(static_cast<size_t>(with_kl ? nchunk : 0), 0.0);
-  const uint64_t sd = so.seed, of = so.offset;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, rho.scalar_type(), "meanfield_sample", [&] {
-    using T = at::opmath_type<scalar_t>;
-    const auto en = operands<scalar_t, T>(loc, rho, pm, ps);
-    scalar_t* po = out.mutable_data_ptr<scalar_t>();
-    T* pn = save_noise ? noise.mutable_data_ptr<T>() : nullptr;
-    at::parallel_for(0, nchunk, grain_for(std::max<int64_t>(S, 1) * kChunk), [&](int64_t b, int64_t e) {
-      std::vector<T> sigma(static_cast<size_t>(kChunk)), terms(static_cast<size_t>(with_kl ? kChunk : 0));
-      std::vector<T> buf(static_cast<size_t>(save_noise ? 0 : kChunk));
-      isa::dispatch([&] {
-        for (int64_t c = b; c < e; ++c) {
-          const int64_t start = c * kChunk;
-          const int64_t n = std::min(kChunk, D - start);
-          const scalar_t* mu = en.mu == nullptr ? nullptr : en.mu + start;
-          dispatch_prior(with_kl, en.m_full, en.s_full, [&]<bool kWithKl, bool kLocFull, bool kScaleFull>() {
-            scale_kl_chunk<scalar_t, T, kWithKl, kLocFull, kScaleFull>(
-                mu, en.rho + start, kWithKl ? en.m + (kLocFull ? start : 0) : nullptr,
-                kWithKl ? en.s + (kScaleFull ? start : 0) : nullptr, en.p0, n, sigma.data(), terms.data());
-          });
-          if (with_kl) partial[static_cast<size_t>(c)] = sum_chunk<T>(terms.data(), n);
-          for (int64_t s = 0; s < S; ++s) {
-            T* eps = pn != nullptr ? pn + s * D + start : buf.data();  // straight into `noise` when kept
-            noise_chunk<scalar_t, T>(sd, of, static_cast<uint64_t>(s), start, n, eps);
-            combine_chunk<scalar_t, T>(po + s * D + start, mu, sigma.data(), eps, n);
-          }
-        }
-      });
-    });
-    if (with_kl) {
-      double total = 0.0;
-      for (const double v : partial) total += v;
-      kl.fill_(total);
-    }
-  });
-  return {out, noise, kl, seed_offset};
-}
-
-std::tuple<at::Tensor, at::Tensor> meanfield_sample_backward_cpu(
-    const at::Tensor& grad_in, const at::Tensor& rho_in, const at::Tensor& seed_offset,
-    const std::optional<at::Tensor>& noise_in, const std::optional<at::Tensor>& loc_in,
-    const std::optional<at::Tensor>& prior_loc_in, const std::optional<at::Tensor>& prior_scale_in,
-    const std::optional<at::Tensor>& grad_kl, bool loc_grad) {
-  constexpr const char* op = "meanfield_sample_backward";
-  const bool with_kl = check_meanfield_backward_args(op, grad_in, rho_in, noise_in, loc_in, prior_loc_in,
-                                                     prior_scale_in, grad_kl, loc_grad);
-  const SeedOffset so = read_seed_offset_cpu(op, seed_offset, 1);
-  const at::Tensor grad = grad_in.contiguous(), rho = rho_in.contiguous();
-  const at::Tensor noise = contiguous_or_undefined(noise_in), loc = contiguous_or_undefined(loc_in);
-  const at::Tensor pm = contiguous_or_undefined(prior_loc_in), ps = contiguous_or_undefined(prior_scale_in);
-  at::Tensor g_rho = at::empty_like(rho, at::MemoryFormat::Contiguous);
-  at::Tensor g_loc = loc_grad ? at::empty_like(rho, at::MemoryFormat::Contiguous) : at::empty({0}, rho.options());
-  const int64_t S = grad.size(0), D = rho.numel();
-  if (D == 0) return {g_loc, g_rho};
-  const int64_t nchunk = (D + kChunk - 1) / kChunk;
-  const double gkl = with_kl ? grad_kl->item<double>() : 0.0;
-  const uint64_t sd = so.seed, of = so.offset;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, rho.scalar_type(), op, [&] {
-    using T = at::opmath_type<scalar_t>;
-    const auto en = operands<scalar_t, T>(with_kl ? loc : at::Tensor(), rho, pm, ps);
-    const T g_kl = static_cast<T>(gkl);
-    const scalar_t* pg = grad.const_data_ptr<scalar_t>();
-    const T* pn = noise.defined() ? noise.const_data_ptr<T>() : nullptr;
-    at::parallel_for(0, nchunk, grain_for(std::max<int64_t>(S, 1) * kChunk), [&](int64_t b, int64_t e) {
-      std::vector<T> acc_ge(static_cast<size_t>(kChunk)), acc_g(static_cast<size_t>(loc_grad ? kChunk : 0));
-      std::vector<T> buf(static_cast<size_t>(pn != nullptr ? 0 : kChunk));
-      isa::dispatch([&] {
-        for (int64_t c = b; c < e; ++c) {
-          const int64_t start = c * kChunk;
-          const int64_t n = std::min(kChunk, D - start);
-          if (S == 0) {  // only the KL: no samples to differentiate
-            std::fill(acc_ge.begin(), acc_ge.begin() + n, T(0));
-            if (loc_grad) std::fill(acc_g.begin(), acc_g.begin() + n, T(0));
-          }
-          for (int64_t s = 0; s < S; ++s) {
-            const T* eps = pn != nullptr ? pn + s * D + start : buf.data();
-            if (pn == nullptr) noise_chunk<scalar_t, T>(sd, of, static_cast<uint64_t>(s), start, n, buf.data());
-            const scalar_t* g = pg + s * D + start;
-            if (s == 0) {
-              loc_grad ? accumulate_chunk<scalar_t, T, true, true>(acc_ge.data(), acc_g.data(), g, eps, n)
-                       : accumulate_chunk<scalar_t, T, true, false>(acc_ge.data(), acc_g.data(), g, eps, n);
-            } else {
-              loc_grad ? accumulate_chunk<scalar_t, T, false, true>(acc_ge.data(), acc_g.data(), g, eps, n)
-                       : accumulate_chunk<scalar_t, T, false, false>(acc_ge.data(), acc_g.data(), g, eps, n);
-            }
-          }
-          scalar_t* gm = loc_grad ? g_loc.mutable_data_ptr<scalar_t>() + start : nullptr;
-          scalar_t* gr = g_rho.mutable_data_ptr<scalar_t>() + start;
-          dispatch_prior(with_kl, en.m_full, en.s_full, [&]<bool kWithKl, bool kLocFull, bool kScaleFull>() {
-            const scalar_t* mu = kWithKl ? en.mu + start : nullptr;
-            const scalar_t* m = kWithKl ? en.m + (kLocFull ? start : 0) : nullptr;
-            const scalar_t* sc = kWithKl ? en.s + (kScaleFull ? start : 0) : nullptr;
-            if (loc_grad) {
-              finish_grad_chunk<scalar_t, T, true, kWithKl, kLocFull, kScaleFull>(
-                  g_kl, mu, en.rho + start, m, sc, en.p0, acc_ge.data(), acc_g.data(), n, gm, gr);
-            } else {
-              finish_grad_chunk<scalar_t, T, false, kWithKl, kLocFull, kScaleFull>(
-                  g_kl, mu, en.rho + start, m, sc, en.p0, acc_ge.data(), acc_g.data(), n, gm, gr);
-            }
-          });
-        }
-      });
-    });
-  });
-  return {g_loc, g_rho};
-}
-
-// ---- KL alone -------------------------------------------------------------------------
+// ---- the KL alone --------------------------------------------------------------------
 
 template <typename scalar_t, typename T, bool kLocFull, bool kScaleFull>
 void kl_terms_chunk(const scalar_t* mu, const scalar_t* rho, const scalar_t* m, const scalar_t* s,
@@ -315,87 +206,130 @@ void kl_grads_chunk(T g, const scalar_t* mu, const scalar_t* rho, const scalar_t
   }
 }
 
-at::Tensor meanfield_kl_cpu(const at::Tensor& loc_in, const at::Tensor& rho_in, const at::Tensor& prior_loc_in,
-                            const at::Tensor& prior_scale_in) {
-  constexpr const char* op = "meanfield_kl";
-  check_meanfield_kl_args(op, loc_in, rho_in, prior_loc_in, prior_scale_in);
-  const at::Tensor loc = loc_in.contiguous(), rho = rho_in.contiguous();
-  const at::Tensor pm = prior_loc_in.contiguous(), ps = prior_scale_in.contiguous();
-  const int64_t D = rho.numel();
-  const int64_t nchunk = (D + kChunk - 1) / kChunk;
-  at::Tensor out = at::zeros({}, rho.options());
-  if (D == 0) return out;
-  std::vector<double> partial(static_cast<size_t>(nchunk), 0.0);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, rho.scalar_type(), op, [&] {
-    using T = at::opmath_type<scalar_t>;
-    const auto en = operands<scalar_t, T>(loc, rho, pm, ps);
-    at::parallel_for(0, nchunk, grain_for(kChunk), [&](int64_t b, int64_t e) {
-      std::vector<T> terms(static_cast<size_t>(kChunk));
-      isa::dispatch([&] {
-        for (int64_t c = b; c < e; ++c) {
-          const int64_t start = c * kChunk;
-          const int64_t n = std::min(kChunk, D - start);
-          dispatch_prior(true, en.m_full, en.s_full, [&]<bool kWithKl, bool kLocFull, bool kScaleFull>() {
-            kl_terms_chunk<scalar_t, T, kLocFull, kScaleFull>(en.mu + start, en.rho + start,
-                                                              en.m + (kLocFull ? start : 0),
-                                                              en.s + (kScaleFull ? start : 0), en.p0, n, terms.data());
-          });
-          partial[static_cast<size_t>(c)] = sum_chunk<T>(terms.data(), n);
+struct CpuMeanfield : CpuSeeds {
+  static void sample(at::Tensor& out, at::Tensor& noise, at::Tensor& kl, const Operands& x, const SeedOffset& so) {
+    const int64_t S = out.size(0), D = x.rho.numel();
+    const bool with_kl = x.with_kl(), save_noise = noise.numel() > 0;
+    std::vector<double> partial(static_cast<size_t>(with_kl ? (D + kChunk - 1) / kChunk : 0), 0.0);
+    const uint64_t sd = so.seed, of = so.offset;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.rho.scalar_type(), "meanfield_sample", [&] {
+      using T = at::opmath_type<scalar_t>;
+      const Pointers<scalar_t, T> en(x);
+      scalar_t* po = out.mutable_data_ptr<scalar_t>();
+      T* pn = save_noise ? noise.mutable_data_ptr<T>() : nullptr;
+      for_each_chunk(D, std::max<int64_t>(S, 1) * kChunk, [&](int64_t c, int64_t start, int64_t n) {
+        alignas(64) T sigma[kChunk], terms[kChunk], buf[kChunk];
+        const scalar_t* mu = en.mu == nullptr ? nullptr : en.mu + start;
+        dispatch_prior(with_kl, en.m_full, en.s_full, [&]<bool kWithKl, bool kLocFull, bool kScaleFull>() {
+          scale_kl_chunk<scalar_t, T, kWithKl, kLocFull, kScaleFull>(
+              mu, en.rho + start, kWithKl ? en.m + (kLocFull ? start : 0) : nullptr,
+              kWithKl ? en.s + (kScaleFull ? start : 0) : nullptr, en.p0, n, sigma, terms);
+        });
+        if (with_kl) partial[static_cast<size_t>(c)] = sum_chunk<T>(terms, n);
+        for (int64_t s = 0; s < S; ++s) {
+          T* eps = pn != nullptr ? pn + s * D + start : buf;  // straight into `noise` when kept
+          noise_chunk<scalar_t, T>(sd, of, static_cast<uint64_t>(s), start, n, eps);
+          combine_chunk<scalar_t, T>(po + s * D + start, mu, sigma, eps, n);
         }
       });
     });
-    double total = 0.0;
-    for (const double v : partial) total += v;
-    out.fill_(total);
-  });
-  return out;
-}
+    if (with_kl) fill_total(kl, partial);
+  }
 
-std::tuple<at::Tensor, at::Tensor> meanfield_kl_backward_cpu(const at::Tensor& grad, const at::Tensor& loc_in,
-                                                             const at::Tensor& rho_in, const at::Tensor& prior_loc_in,
-                                                             const at::Tensor& prior_scale_in) {
-  constexpr const char* op = "meanfield_kl_backward";
-  check_meanfield_kl_args(op, loc_in, rho_in, prior_loc_in, prior_scale_in);
-  check_grad_kl(op, grad, rho_in);
-  const at::Tensor loc = loc_in.contiguous(), rho = rho_in.contiguous();
-  const at::Tensor pm = prior_loc_in.contiguous(), ps = prior_scale_in.contiguous();
-  at::Tensor g_mu = at::empty_like(rho, at::MemoryFormat::Contiguous);
-  at::Tensor g_rho = at::empty_like(rho, at::MemoryFormat::Contiguous);
-  const int64_t D = rho.numel();
-  if (D == 0) return {g_mu, g_rho};
-  const int64_t nchunk = (D + kChunk - 1) / kChunk;
-  const double gv = grad.item<double>();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, rho.scalar_type(), op, [&] {
-    using T = at::opmath_type<scalar_t>;
-    const auto en = operands<scalar_t, T>(loc, rho, pm, ps);
-    const T g = static_cast<T>(gv);
-    scalar_t* pgm = g_mu.mutable_data_ptr<scalar_t>();
-    scalar_t* pgr = g_rho.mutable_data_ptr<scalar_t>();
-    at::parallel_for(0, nchunk, grain_for(kChunk), [&](int64_t b, int64_t e) {
-      isa::dispatch([&] {
-        for (int64_t c = b; c < e; ++c) {
-          const int64_t start = c * kChunk;
-          const int64_t n = std::min(kChunk, D - start);
-          dispatch_prior(true, en.m_full, en.s_full, [&]<bool kWithKl, bool kLocFull, bool kScaleFull>() {
-            kl_grads_chunk<scalar_t, T, kLocFull, kScaleFull>(g, en.mu + start, en.rho + start,
-                                                              en.m + (kLocFull ? start : 0),
-                                                              en.s + (kScaleFull ? start : 0), en.p0, n, pgm + start,
-                                                              pgr + start);
-          });
+  static void sample_backward(at::Tensor& g_loc, at::Tensor& g_rho, const at::Tensor& grad, const at::Tensor& noise,
+                              const Operands& x, const at::Tensor& grad_kl, const SeedOffset& so) {
+    const int64_t S = grad.size(0), D = x.rho.numel();
+    const bool with_kl = x.with_kl(), loc_grad = g_loc.numel() > 0;
+    const double gkl = with_kl ? grad_kl.item<double>() : 0.0;
+    const uint64_t sd = so.seed, of = so.offset;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.rho.scalar_type(), "meanfield_sample_backward", [&] {
+      using T = at::opmath_type<scalar_t>;
+      const Pointers<scalar_t, T> en(x);
+      const T g_kl = static_cast<T>(gkl);
+      const scalar_t* pg = grad.const_data_ptr<scalar_t>();
+      const T* pn = noise.defined() ? noise.const_data_ptr<T>() : nullptr;
+      for_each_chunk(D, std::max<int64_t>(S, 1) * kChunk, [&](int64_t, int64_t start, int64_t n) {
+        alignas(64) T acc_ge[kChunk], acc_g[kChunk], buf[kChunk];
+        if (S == 0) {  // only the KL: no samples to differentiate
+          std::fill(acc_ge, acc_ge + n, T(0));
+          if (loc_grad) std::fill(acc_g, acc_g + n, T(0));
         }
+        for (int64_t s = 0; s < S; ++s) {
+          const T* eps = pn != nullptr ? pn + s * D + start : buf;
+          if (pn == nullptr) noise_chunk<scalar_t, T>(sd, of, static_cast<uint64_t>(s), start, n, buf);
+          const scalar_t* g = pg + s * D + start;
+          if (s == 0) {
+            loc_grad ? accumulate_chunk<scalar_t, T, true, true>(acc_ge, acc_g, g, eps, n)
+                     : accumulate_chunk<scalar_t, T, true, false>(acc_ge, acc_g, g, eps, n);
+          } else {
+            loc_grad ? accumulate_chunk<scalar_t, T, false, true>(acc_ge, acc_g, g, eps, n)
+                     : accumulate_chunk<scalar_t, T, false, false>(acc_ge, acc_g, g, eps, n);
+          }
+        }
+        scalar_t* gm = loc_grad ? g_loc.mutable_data_ptr<scalar_t>() + start : nullptr;
+        scalar_t* gr = g_rho.mutable_data_ptr<scalar_t>() + start;
+        dispatch_prior(with_kl, en.m_full, en.s_full, [&]<bool kWithKl, bool kLocFull, bool kScaleFull>() {
+          const scalar_t* mu = kWithKl ? en.mu + start : nullptr;
+          const scalar_t* m = kWithKl ? en.m + (kLocFull ? start : 0) : nullptr;
+          const scalar_t* sc = kWithKl ? en.s + (kScaleFull ? start : 0) : nullptr;
+          if (loc_grad) {
+            finish_grad_chunk<scalar_t, T, true, kWithKl, kLocFull, kScaleFull>(g_kl, mu, en.rho + start, m, sc,
+                                                                                en.p0, acc_ge, acc_g, n, gm, gr);
+          } else {
+            finish_grad_chunk<scalar_t, T, false, kWithKl, kLocFull, kScaleFull>(g_kl, mu, en.rho + start, m, sc,
+                                                                                 en.p0, acc_ge, acc_g, n, gm, gr);
+          }
+        });
       });
     });
-  });
-  return {g_mu, g_rho};
-}
+  }
+
+  static void kl(at::Tensor& kl, const Operands& x) {
+    const int64_t D = x.rho.numel();
+    std::vector<double> partial(static_cast<size_t>((D + kChunk - 1) / kChunk), 0.0);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.rho.scalar_type(), "meanfield_kl", [&] {
+      using T = at::opmath_type<scalar_t>;
+      const Pointers<scalar_t, T> en(x);
+      for_each_chunk(D, kChunk, [&](int64_t c, int64_t start, int64_t n) {
+        alignas(64) T terms[kChunk];
+        dispatch_prior(true, en.m_full, en.s_full, [&]<bool, bool kLocFull, bool kScaleFull>() {
+          kl_terms_chunk<scalar_t, T, kLocFull, kScaleFull>(en.mu + start, en.rho + start,
+                                                            en.m + (kLocFull ? start : 0),
+                                                            en.s + (kScaleFull ? start : 0), en.p0, n, terms);
+        });
+        partial[static_cast<size_t>(c)] = sum_chunk<T>(terms, n);
+      });
+    });
+    fill_total(kl, partial);
+  }
+
+  static void kl_backward(at::Tensor& g_loc, at::Tensor& g_rho, const at::Tensor& grad, const Operands& x) {
+    const double gv = grad.item<double>();
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.rho.scalar_type(), "meanfield_kl_backward", [&] {
+      using T = at::opmath_type<scalar_t>;
+      const Pointers<scalar_t, T> en(x);
+      const T g = static_cast<T>(gv);
+      scalar_t* pgm = g_loc.mutable_data_ptr<scalar_t>();
+      scalar_t* pgr = g_rho.mutable_data_ptr<scalar_t>();
+      for_each_chunk(x.rho.numel(), kChunk, [&](int64_t, int64_t start, int64_t n) {
+        dispatch_prior(true, en.m_full, en.s_full, [&]<bool, bool kLocFull, bool kScaleFull>() {
+          kl_grads_chunk<scalar_t, T, kLocFull, kScaleFull>(g, en.mu + start, en.rho + start,
+                                                            en.m + (kLocFull ? start : 0),
+                                                            en.s + (kScaleFull ? start : 0), en.p0, n, pgm + start,
+                                                            pgr + start);
+        });
+      });
+    });
+  }
+};
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(vmfdist, CPU, m) {
-  m.impl("meanfield_sample", &meanfield_sample_cpu);
-  m.impl("meanfield_sample_backward", &meanfield_sample_backward_cpu);
-  m.impl("meanfield_kl", &meanfield_kl_cpu);
-  m.impl("meanfield_kl_backward", &meanfield_kl_backward_cpu);
+  m.impl("meanfield_sample", &meanfield::Ops<CpuMeanfield>::sample);
+  m.impl("meanfield_sample_backward", &meanfield::Ops<CpuMeanfield>::sample_backward);
+  m.impl("meanfield_kl", &meanfield::Ops<CpuMeanfield>::kl);
+  m.impl("meanfield_kl_backward", &meanfield::Ops<CpuMeanfield>::kl_backward);
 }
 
 }  // namespace vmfdist

@@ -1,11 +1,13 @@
-// CUDA kernels of the mean-field ops (math and noise layout: vmfdist/meanfield.h; argument
-// checks: host/meanfield_checks.h), the same computations as csrc/cpu/meanfield_cpu.cpp:
+// CUDA kernels of the mean-field ops (math and noise layout: vmfdist/meanfield.h), the same
+// computations as csrc/cpu/meanfield_cpu.cpp:
 //   * sampling: one thread per block of four normals (one Philox block) of one sample;
 //   * the KL: one thread block per chunk of kChunk elements sums its terms in double, then one
 //     thread adds the chunk sums in order (the same order-independent-of-launch result as the
 //     CPU's, up to the summation order inside a chunk);
 //   * gradients: one thread per block of four elements, looping over the samples (the normals
 //     read back when kept, else regenerated); the KL's gradient factor is read on the device.
+// The operators (checks, seed, outputs) are shared with the CPU: meanfield::Ops in
+// host/meanfield_host.h.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -13,11 +15,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include <optional>
-#include <tuple>
-
 #include "vmfdist/meanfield.h"
-#include "host/meanfield_checks.h"
+#include "host/meanfield_host.h"
 #include "cuda/launch.cuh"
 #include "cuda/random_state.cuh"
 
@@ -27,6 +26,7 @@ namespace {
 using launch::blocks_for;
 using launch::kThreads;
 using meanfield::kChunk;
+using meanfield::Operands;
 
 // The prior of element i: strides 0 (one element) or 1 (rho's shape); null for none.
 template <typename scalar_t, typename T>
@@ -43,10 +43,6 @@ PriorRef<scalar_t, T> prior_ref(const at::Tensor& pm, const at::Tensor& ps) {
   if (!pm.defined()) return {nullptr, nullptr, 0, 0};
   return {pm.const_data_ptr<scalar_t>(), ps.const_data_ptr<scalar_t>(), pm.numel() == 1 ? 0 : 1,
           ps.numel() == 1 ? 0 : 1};
-}
-
-inline at::Tensor contiguous_or_undefined(const std::optional<at::Tensor>& t) {
-  return given(t) ? t->contiguous() : at::Tensor();
 }
 
 // out[s] = loc + softplus(rho) eps_s; eps kept in noise when not null.
@@ -107,19 +103,17 @@ __global__ void kl_total_kernel(scalar_t* __restrict__ kl, const double* __restr
   kl[0] = static_cast<scalar_t>(total);
 }
 
-// The summed KL into the 0-dim tensor `kl`.
-void launch_kl(at::Tensor& kl, const at::Tensor& loc, const at::Tensor& rho, const at::Tensor& pm,
-               const at::Tensor& ps) {
-  const int64_t D = rho.numel();
+// The summed KL into the 0-dim tensor `kl` (rho not empty).
+void launch_kl(at::Tensor& kl, const Operands& x) {
+  const int64_t D = x.rho.numel();
   const int64_t nchunk = (D + kChunk - 1) / kChunk;
-  if (nchunk == 0) return;
-  at::Tensor partial = at::empty({nchunk}, rho.options().dtype(at::kDouble));
+  at::Tensor partial = at::empty({nchunk}, x.rho.options().dtype(at::kDouble));
   const auto stream = launch::stream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, rho.scalar_type(), "meanfield_kl", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.rho.scalar_type(), "meanfield_kl", [&] {
     using T = at::opmath_type<scalar_t>;
     kl_partial_kernel<scalar_t><<<blocks_for(nchunk, 1), kThreads, 0, stream>>>(
-        partial.mutable_data_ptr<double>(), loc.const_data_ptr<scalar_t>(), rho.const_data_ptr<scalar_t>(),
-        prior_ref<scalar_t, T>(pm, ps), D, nchunk);
+        partial.mutable_data_ptr<double>(), x.loc.const_data_ptr<scalar_t>(), x.rho.const_data_ptr<scalar_t>(),
+        prior_ref<scalar_t, T>(x.prior_loc, x.prior_scale), D, nchunk);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     kl_total_kernel<scalar_t><<<1, 1, 0, stream>>>(kl.mutable_data_ptr<scalar_t>(), partial.const_data_ptr<double>(),
                                                    nchunk);
@@ -188,107 +182,60 @@ __global__ void kl_backward_kernel(scalar_t* __restrict__ g_mu, scalar_t* __rest
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> meanfield_sample_cuda(
-    const std::optional<at::Tensor>& loc_in, const at::Tensor& rho_in, const std::optional<at::Tensor>& prior_loc_in,
-    const std::optional<at::Tensor>& prior_scale_in, c10::SymInt num_samples_in, bool save_noise,
-    std::optional<at::Generator> generator, std::optional<int64_t> seed, std::optional<int64_t> offset) {
-  const int64_t S = num_samples_in.expect_int();
-  const bool with_kl = check_meanfield_sample_args(loc_in, rho_in, prior_loc_in, prior_scale_in, S);
-  const c10::cuda::CUDAGuard guard(rho_in.device());
-  at::Tensor so = cuda_seed_offset("meanfield_sample", generator, seed, offset, 1, rho_in.device());
-  const at::Tensor rho = rho_in.contiguous(), loc = contiguous_or_undefined(loc_in);
-  const at::Tensor pm = contiguous_or_undefined(prior_loc_in), ps = contiguous_or_undefined(prior_scale_in);
-  auto [out, noise] = allocate_meanfield_outputs(rho, S, save_noise);
-  at::Tensor kl = at::zeros({}, rho.options());
-  const int64_t D = rho.numel();
-  if (D == 0) return {out, noise, kl, so};
-  if (S > 0) {
-    const int64_t items = S * ((D + 3) / 4);
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, rho.scalar_type(), "meanfield_sample", [&] {
+struct CudaMeanfield : CudaSeeds {
+  static void sample(at::Tensor& out, at::Tensor& noise, at::Tensor& kl, const Operands& x, const int64_t* pso) {
+    const int64_t S = out.size(0), D = x.rho.numel();
+    if (S > 0) {
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.rho.scalar_type(), "meanfield_sample", [&] {
+        using T = at::opmath_type<scalar_t>;
+        sample_kernel<scalar_t><<<blocks_for(S * ((D + 3) / 4)), kThreads, 0, launch::stream()>>>(
+            out.mutable_data_ptr<scalar_t>(), noise.numel() > 0 ? noise.mutable_data_ptr<T>() : nullptr,
+            x.loc.defined() ? x.loc.const_data_ptr<scalar_t>() : nullptr, x.rho.const_data_ptr<scalar_t>(), S, D,
+            pso);
+      });
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    if (x.with_kl()) launch_kl(kl, x);
+  }
+
+  static void sample_backward(at::Tensor& g_loc, at::Tensor& g_rho, const at::Tensor& grad, const at::Tensor& noise,
+                              const Operands& x, const at::Tensor& grad_kl, const int64_t* pso) {
+    const int64_t S = grad.size(0), D = x.rho.numel();
+    const at::Tensor gkl = x.with_kl() ? grad_kl.reshape({}).to(at::kDouble) : at::Tensor();
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.rho.scalar_type(), "meanfield_sample_backward", [&] {
       using T = at::opmath_type<scalar_t>;
-      sample_kernel<scalar_t><<<blocks_for(items), kThreads, 0, launch::stream()>>>(
-          out.mutable_data_ptr<scalar_t>(), save_noise ? noise.mutable_data_ptr<T>() : nullptr,
-          loc.defined() ? loc.const_data_ptr<scalar_t>() : nullptr, rho.const_data_ptr<scalar_t>(), S, D,
-          so.const_data_ptr<int64_t>());
+      backward_kernel<scalar_t><<<blocks_for((D + 3) / 4), kThreads, 0, launch::stream()>>>(
+          g_loc.numel() > 0 ? g_loc.mutable_data_ptr<scalar_t>() : nullptr, g_rho.mutable_data_ptr<scalar_t>(),
+          grad.const_data_ptr<scalar_t>(), noise.defined() ? noise.const_data_ptr<T>() : nullptr,
+          x.with_kl() ? x.loc.const_data_ptr<scalar_t>() : nullptr, x.rho.const_data_ptr<scalar_t>(),
+          prior_ref<scalar_t, T>(x.prior_loc, x.prior_scale), x.with_kl() ? gkl.const_data_ptr<double>() : nullptr,
+          S, D, pso);
     });
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  if (with_kl) launch_kl(kl, loc, rho, pm, ps);
-  return {out, noise, kl, so};
-}
 
-std::tuple<at::Tensor, at::Tensor> meanfield_sample_backward_cuda(
-    const at::Tensor& grad_in, const at::Tensor& rho_in, const at::Tensor& seed_offset,
-    const std::optional<at::Tensor>& noise_in, const std::optional<at::Tensor>& loc_in,
-    const std::optional<at::Tensor>& prior_loc_in, const std::optional<at::Tensor>& prior_scale_in,
-    const std::optional<at::Tensor>& grad_kl, bool loc_grad) {
-  constexpr const char* op = "meanfield_sample_backward";
-  const bool with_kl = check_meanfield_backward_args(op, grad_in, rho_in, noise_in, loc_in, prior_loc_in,
-                                                     prior_scale_in, grad_kl, loc_grad);
-  const c10::cuda::CUDAGuard guard(rho_in.device());
-  const int64_t* pso = seed_offset_ptr_cuda(op, seed_offset, rho_in.device());
-  const at::Tensor grad = grad_in.contiguous(), rho = rho_in.contiguous();
-  const at::Tensor noise = contiguous_or_undefined(noise_in), loc = contiguous_or_undefined(loc_in);
-  const at::Tensor pm = contiguous_or_undefined(prior_loc_in), ps = contiguous_or_undefined(prior_scale_in);
-  at::Tensor g_rho = at::empty_like(rho, at::MemoryFormat::Contiguous);
-  at::Tensor g_loc = loc_grad ? at::empty_like(rho, at::MemoryFormat::Contiguous) : at::empty({0}, rho.options());
-  const int64_t S = grad.size(0), D = rho.numel();
-  if (D == 0) return {g_loc, g_rho};
-  const at::Tensor gkl = with_kl ? grad_kl->reshape({}).to(at::kDouble) : at::Tensor();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, rho.scalar_type(), op, [&] {
-    using T = at::opmath_type<scalar_t>;
-    backward_kernel<scalar_t><<<blocks_for((D + 3) / 4), kThreads, 0, launch::stream()>>>(
-        loc_grad ? g_loc.mutable_data_ptr<scalar_t>() : nullptr, g_rho.mutable_data_ptr<scalar_t>(),
-        grad.const_data_ptr<scalar_t>(), noise.defined() ? noise.const_data_ptr<T>() : nullptr,
-        with_kl ? loc.const_data_ptr<scalar_t>() : nullptr, rho.const_data_ptr<scalar_t>(),
-        prior_ref<scalar_t, T>(with_kl ? pm : at::Tensor(), ps), with_kl ? gkl.const_data_ptr<double>() : nullptr, S,
-        D, pso);
-  });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {g_loc, g_rho};
-}
+  static void kl(at::Tensor& kl, const Operands& x) { launch_kl(kl, x); }
 
-at::Tensor meanfield_kl_cuda(const at::Tensor& loc_in, const at::Tensor& rho_in, const at::Tensor& prior_loc_in,
-                             const at::Tensor& prior_scale_in) {
-  check_meanfield_kl_args("meanfield_kl", loc_in, rho_in, prior_loc_in, prior_scale_in);
-  const c10::cuda::CUDAGuard guard(rho_in.device());
-  const at::Tensor loc = loc_in.contiguous(), rho = rho_in.contiguous();
-  at::Tensor kl = at::zeros({}, rho.options());
-  launch_kl(kl, loc, rho, prior_loc_in.contiguous(), prior_scale_in.contiguous());
-  return kl;
-}
-
-std::tuple<at::Tensor, at::Tensor> meanfield_kl_backward_cuda(const at::Tensor& grad, const at::Tensor& loc_in,
-                                                              const at::Tensor& rho_in, const at::Tensor& prior_loc_in,
-                                                              const at::Tensor& prior_scale_in) {
-  constexpr const char* op = "meanfield_kl_backward";
-  check_meanfield_kl_args(op, loc_in, rho_in, prior_loc_in, prior_scale_in);
-  check_grad_kl(op, grad, rho_in);
-  const c10::cuda::CUDAGuard guard(rho_in.device());
-  const at::Tensor loc = loc_in.contiguous(), rho = rho_in.contiguous();
-  const at::Tensor pm = prior_loc_in.contiguous(), ps = prior_scale_in.contiguous();
-  at::Tensor g_mu = at::empty_like(rho, at::MemoryFormat::Contiguous);
-  at::Tensor g_rho = at::empty_like(rho, at::MemoryFormat::Contiguous);
-  const int64_t D = rho.numel();
-  if (D == 0) return {g_mu, g_rho};
-  const at::Tensor g = grad.reshape({}).to(at::kDouble);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, rho.scalar_type(), op, [&] {
-    using T = at::opmath_type<scalar_t>;
-    kl_backward_kernel<scalar_t><<<blocks_for(D), kThreads, 0, launch::stream()>>>(
-        g_mu.mutable_data_ptr<scalar_t>(), g_rho.mutable_data_ptr<scalar_t>(), loc.const_data_ptr<scalar_t>(),
-        rho.const_data_ptr<scalar_t>(), prior_ref<scalar_t, T>(pm, ps), g.const_data_ptr<double>(), D);
-  });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {g_mu, g_rho};
-}
+  static void kl_backward(at::Tensor& g_loc, at::Tensor& g_rho, const at::Tensor& grad, const Operands& x) {
+    const at::Tensor g = grad.reshape({}).to(at::kDouble);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.rho.scalar_type(), "meanfield_kl_backward", [&] {
+      using T = at::opmath_type<scalar_t>;
+      kl_backward_kernel<scalar_t><<<blocks_for(x.rho.numel()), kThreads, 0, launch::stream()>>>(
+          g_loc.mutable_data_ptr<scalar_t>(), g_rho.mutable_data_ptr<scalar_t>(), x.loc.const_data_ptr<scalar_t>(),
+          x.rho.const_data_ptr<scalar_t>(), prior_ref<scalar_t, T>(x.prior_loc, x.prior_scale),
+          g.const_data_ptr<double>(), x.rho.numel());
+    });
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+};
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(vmfdist, CUDA, m) {
-  m.impl("meanfield_sample", &meanfield_sample_cuda);
-  m.impl("meanfield_sample_backward", &meanfield_sample_backward_cuda);
-  m.impl("meanfield_kl", &meanfield_kl_cuda);
-  m.impl("meanfield_kl_backward", &meanfield_kl_backward_cuda);
+  m.impl("meanfield_sample", &meanfield::Ops<CudaMeanfield>::sample);
+  m.impl("meanfield_sample_backward", &meanfield::Ops<CudaMeanfield>::sample_backward);
+  m.impl("meanfield_kl", &meanfield::Ops<CudaMeanfield>::kl);
+  m.impl("meanfield_kl_backward", &meanfield::Ops<CudaMeanfield>::kl_backward);
 }
 
 }  // namespace vmfdist

@@ -30,7 +30,7 @@ def _noise_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-# ---- fake kernels (the same checks and shapes as csrc/host/meanfield_checks.h) ------------
+# ---- fake kernels (the same checks and shapes as csrc/host/meanfield_host.h) --------------
 
 @torch.library.register_fake("vmfdist::meanfield_sample")
 def _(loc, rho, prior_loc, prior_scale, num_samples, save_noise=False, *, generator=None, seed=None, offset=None):
