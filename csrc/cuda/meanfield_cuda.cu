@@ -75,7 +75,6 @@ __global__ void kl_partial_kernel(double* __restrict__ partial, const scalar_t* 
                                   const scalar_t* __restrict__ rho, PriorRef<scalar_t, at::opmath_type<scalar_t>> p,
                                   int64_t D, int64_t nchunk) {
   using T = at::opmath_type<scalar_t>;
-  __shared__ double red[kThreads];
   for (int64_t c : launch::block_stride(nchunk)) {
     const int64_t start = c * kChunk;
     const int64_t n = min(kChunk, D - start);
@@ -84,14 +83,8 @@ __global__ void kl_partial_kernel(double* __restrict__ partial, const scalar_t* 
       const int64_t j = start + i;
       acc += static_cast<double>(meanfield::kl_term<T>(static_cast<T>(mu[j]), static_cast<T>(rho[j]), p.at(j)));
     }
-    red[threadIdx.x] = acc;
-    __syncthreads();
-    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
-      if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
-      __syncthreads();
-    }
-    if (threadIdx.x == 0) partial[c] = red[0];
-    __syncthreads();
+    const double sum = launch::block_sum(acc);
+    if (threadIdx.x == 0) partial[c] = sum;
   }
 }
 
