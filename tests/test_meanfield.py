@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import subprocess
 
 import mpmath
@@ -26,6 +25,7 @@ from vmfdist._ops import lib
 from vmfdist.distributions import meanfield_kl, meanfield_sample
 from vmfdist.testing import cpu_and_cuda
 
+from .drivers import compile_driver
 from .test_philox import np_stream_words
 
 F64 = torch.float64
@@ -38,16 +38,8 @@ EXAMPLES = int(os.environ.get("VMFDIST_HYPOTHESIS_EXAMPLES", "60"))
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory):
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    exe = str(tmp_path_factory.mktemp("meanfield") / "meanfield_check")
     # -O3: the float functions must give these values when vectorised, as in the CPU kernels
-    subprocess.run([cxx, "-std=c++17", "-O3", "-ffp-contract=off", "-fno-math-errno", "-I",
-                    os.path.join(root, "csrc", "include"), os.path.join(root, "tests", "meanfield_check.cpp"),
-                    "-o", exe], check=True)
-    return exe
+    return compile_driver(tmp_path_factory, "meanfield_check", "-O3", "-fno-math-errno")
 
 
 def _run_driver(exe, kind, xs):
