@@ -1,22 +1,25 @@
 // A torch-free driver for csrc/include/vmfdist/meanfield.h, compiled and run by
 // tests/test_meanfield.py: reads values x (one per line, decimal or hexadecimal floats)
-// and prints, as hexadecimal floats, e^{-|x|} (exp_nonpos), softplus(x), sigmoid(x),
-// log softplus(x) and sigmoid(x) / softplus(x), in float (the vectorisable polynomials:
-// computed in an -O3 loop, as the CPU kernels do) and in double (libm).
+// and prints, as hexadecimal floats, x and then e^{-|x|} (exp_nonpos), softplus(x),
+// sigmoid(x), log softplus(x) and sigmoid(x) / softplus(x) twice: from the loop run
+// through isa::dispatch (the AVX2 + FMA copy where the CPU has both, as the CPU kernels run
+// it), then from the same loop called directly (the baseline copy).  In float these are the
+// vectorisable polynomials (computed in an -O3 loop, as the CPU kernels do), in double libm.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 #include <vector>
 
+#include "vmfdist/macros.h"
 #include "vmfdist/meanfield.h"
 
 namespace mf = vmfdist::meanfield;
 
+// The five functions of x[0, n) into out[5 n] (function k of x[i] at out[k n + i]).
 template <typename T>
-void run(const std::vector<double>& xs) {
-  const size_t n = xs.size();
-  std::vector<T> x(n), e(n), sp(n), sg(n), ls(n), ratio(n);
-  for (size_t i = 0; i < n; ++i) x[i] = static_cast<T>(xs[i]);
+void functions(const T* x, size_t n, T* out) {
+  T *e = out, *sp = out + n, *sg = out + 2 * n, *ls = out + 3 * n, *ratio = out + 4 * n;
   for (size_t i = 0; i < n; ++i) {
     const T a = x[i] < T(0) ? x[i] : -x[i];
     if constexpr (std::is_same_v<T, float>) {
@@ -30,10 +33,21 @@ void run(const std::vector<double>& xs) {
     ls[i] = mf::log_sigma<T>(x[i], q);
     ratio[i] = mf::sigmoid_over_sigma<T>(x[i], q);
   }
+}
+
+template <typename T>
+void run(const std::vector<double>& xs) {
+  const size_t n = xs.size();
+  std::vector<T> x(n), dispatched(5 * n), base(5 * n);
+  for (size_t i = 0; i < n; ++i) x[i] = static_cast<T>(xs[i]);
+  vmfdist::isa::dispatch([&] { functions<T>(x.data(), n, dispatched.data()); });
+  functions<T>(x.data(), n, base.data());
   for (size_t i = 0; i < n; ++i) {
-    std::printf("%a %a %a %a %a %a\n", static_cast<double>(x[i]), static_cast<double>(e[i]),
-                static_cast<double>(sp[i]), static_cast<double>(sg[i]), static_cast<double>(ls[i]),
-                static_cast<double>(ratio[i]));
+    std::printf("%a", static_cast<double>(x[i]));
+    for (const std::vector<T>* v : {&dispatched, &base}) {
+      for (size_t k = 0; k < 5; ++k) std::printf(" %a", static_cast<double>((*v)[k * n + i]));
+    }
+    std::printf("\n");
   }
 }
 
