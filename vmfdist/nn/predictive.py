@@ -45,7 +45,7 @@ def predict(model: torch.nn.Module, x: torch.Tensor, num_samples: int = 32, like
     Bayesian layer is one of its children: the modules before that layer run once, and the layer
     evaluates all its samples on that shared input -- with the stacked weights (one product
     instead of ``S``), or, for a :class:`MeanFieldLinear` on a batch of vectors, by the local
-    reparameterisation (exact per example: see :meth:`MeanFieldLinear._forward_shared`).  Every
+    reparameterisation (exact per example: see docs/nn.md, "Predictive and metrics").  Every
     example's predictive has the distribution the per-sample loop gives it; only the dependence
     between examples through a shared first-layer weight sample is dropped.
     """
