@@ -15,9 +15,11 @@ Jobs (float32, CPU):
   bayesian-torch's layers compute their KL inside forward (return_kl=True); ours call
   layer.kl_divergence().  Both use a N(0, 1) prior.
   predict, 32 samples: vmfdist.nn.predict (one batched pass) vs `mean(softmax(model(x)) for 32
-  samples)` in a Python loop, on an MLP 784-400-400-10 with batch 256 (compute-bound: each
-  sample is ~0.25 GFLOP, so batching can only save per-call overhead and use threads better) and
-  on the digits LeNet 16-32-128 with batch 64 (overhead-bound: many small calls per sample).
+  samples)` in a Python loop (the model in sample mode, one forward per sample), on an MLP
+  784-400-400-10 with batch 256 (compute-bound: each sample is ~0.25 GFLOP and ~0.48M normals in
+  the loop; predict shares the first layer's work across samples -- see docs/nn.md for what that
+  allows) and on the digits LeNet 16-32-128 with batch 64 (overhead-bound: many small calls per
+  sample).
 """
 from __future__ import annotations
 

@@ -72,6 +72,30 @@ TORCH_LIBRARY(vmfdist, m) {
   // (radial_noise's third output): d/dscale of radial_noise.
   m.def("radial_noise_scale_grad(Tensor grad, Tensor coef, Tensor seed_offset, bool rowwise=False) -> Tensor");
 
+  // ---- Mean-field Gaussian with softplus scale (csrc/include/vmfdist/meanfield.h) ----
+  // out[s] = loc + softplus(rho) * eps_s (softplus(rho) * eps_s without loc) for num_samples
+  // draws and, when prior_loc and prior_scale are given (with loc), the KL of meanfield_kl in
+  // the same pass (else 0): returns (out (num_samples, *rho.shape), noise, kl, seed_offset
+  // [seed, offset]); noise holds the eps (float32, or float64 for float64 rho) when
+  // save_noise, else it is empty.  Element j of sample s is normal j of the Philox stream
+  // (seed, offset, s).
+  m.def("meanfield_sample(Tensor? loc, Tensor rho, Tensor? prior_loc, Tensor? prior_scale, SymInt num_samples, "
+        "bool save_noise=False, *, Generator? generator=None, int? seed=None, int? offset=None) -> "
+        "(Tensor, Tensor, Tensor, Tensor)",
+        {at::Tag::nondeterministic_seeded});
+  // The gradients of meanfield_sample: (grad_loc, grad_rho) with grad_rho = sigmoid(rho)
+  // sum_s grad[s] eps_s and, when loc_grad, grad_loc = sum_s grad[s] (else an empty tensor),
+  // each plus grad_kl times the KL's derivative when grad_kl is given; eps is read from noise
+  // (the forward's kept normals) or, without it, regenerated from seed_offset.
+  m.def("meanfield_sample_backward(Tensor grad, Tensor rho, Tensor seed_offset, Tensor? noise, Tensor? loc, "
+        "Tensor? prior_loc, Tensor? prior_scale, Tensor? grad_kl, bool loc_grad) -> (Tensor, Tensor)");
+  // sum_i KL(N(loc_i, softplus(rho_i)^2) || N(prior_loc_i, prior_scale_i^2)), a 0-dim tensor;
+  // prior_loc and prior_scale each have one element or rho's shape.
+  m.def("meanfield_kl(Tensor loc, Tensor rho, Tensor prior_loc, Tensor prior_scale) -> Tensor");
+  // grad * (d/dloc, d/drho) of meanfield_kl; grad has one element.
+  m.def("meanfield_kl_backward(Tensor grad, Tensor loc, Tensor rho, Tensor prior_loc, Tensor prior_scale) -> "
+        "(Tensor, Tensor)");
+
   // ---- Kronecker-factored eigenbases (csrc/include/vmfdist/kron.h, kron_host.h) ----
   // Q_out ((Q_out^T V Q_in) * scale^power) Q_in^T for V (..., out, in), q_out (..., out, out),
   // q_in (..., in, in), scale (..., out, in); batch dimensions broadcast, dtypes promote.

@@ -423,9 +423,15 @@ def test_estimators_match_reparam_moments(estimator):
         out = layer(x)
         mean = torch.nn.functional.linear(x[:1], layer.weight_mu, layer.bias_mu)[0]
         var = torch.nn.functional.linear(x[:1] ** 2, layer.weight_sigma ** 2, layer.bias_sigma ** 2)[0]
-    if estimator == "flipout":  # one weight perturbation per call: the rows are dependent, use many calls
+    if estimator == "flipout":
+        # one weight perturbation per call, shared by its rows (with random signs): the rows of a
+        # call are dependent, the calls independent -- the i.i.d. draws are the per-call averages
         with torch.no_grad():
-            out = torch.cat([layer(x[:50]) for _ in range(400)])
+            out = torch.stack([layer(x[:50]) for _ in range(400)])  # (calls, rows, 2)
+        for j in range(2):
+            _mc_check(out[:, :, j].mean(1), mean[j])
+            _mc_check(((out[:, :, j] - mean[j]) ** 2).mean(1), var[j])
+        return
     for j in range(2):
         _mc_check(out[:, j], mean[j])
         _mc_check((out[:, j] - mean[j]) ** 2, var[j])
@@ -698,3 +704,185 @@ def test_rdp_posterior_mean_matches_samples(grouping):
     for i in range(3):
         for j in range(4):
             _mc_check(w[:, i, j], mean[i, j])
+
+
+# ---------------------------------------------------------------------------------------------
+# mean-field layers: the KL computed in the sampling pass, and the fused ops
+
+
+@pytest.mark.parametrize("cls", [vnn.MeanFieldLinear, vnn.MeanFieldConv2d])
+def test_meanfield_kl_from_the_forward_pass(cls):
+    """kl_divergence() after a sampling forward pass is the KL the op computed in that pass: the
+    value of the registered Normal-Normal KL, and the gradients of out + KL equal those of the
+    samples plus those of a separately computed KL."""
+    args = (5, 3) if cls is vnn.MeanFieldLinear else (2, 3, 3)
+    layer = cls(*args, dtype=DT, prior=0.7, bias_prior=Normal(torch.tensor(0.2, dtype=DT), torch.tensor(1.3, dtype=DT)),
+                sigma_init=0.3)
+    _perturb(layer, 0.2)
+    x = torch.randn(4, 5, dtype=DT) if cls is vnn.MeanFieldLinear else torch.randn(4, 2, 5, 5, dtype=DT)
+    ref_kl = (torch.distributions.kl_divergence(layer.weight_posterior(), layer.prior.distribution(layer.weight_mu.shape))
+              + torch.distributions.kl_divergence(layer.bias_posterior(), layer.bias_prior.distribution((3,))))
+    torch.manual_seed(3)
+    out = layer(x)
+    kl = layer.kl_divergence()
+    torch.testing.assert_close(kl, ref_kl, rtol=1e-12, atol=0)
+    (out.sin().sum() + kl).backward()
+    fused = [p.grad.clone() for p in layer.parameters()]
+    layer.zero_grad()
+    torch.manual_seed(3)  # the same samples, without the KL in the forward pass
+    out2 = layer._apply_weights(x, *[t[0] for t in layer.sample_weights(1)])
+    torch.testing.assert_close(out2, out, rtol=0, atol=0)
+    (out2.sin().sum() + ref_kl).backward()
+    for g, p in zip(fused, layer.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_meanfield_kl_cache_is_never_stale():
+    """The KL kept from a forward pass is handed out once, only while its inputs are unchanged
+    and its graph alive; every other call gives a fresh KL."""
+    layer = vnn.MeanFieldLinear(4, 3, dtype=DT, sigma_init=0.2)
+    x = torch.randn(6, 4, dtype=DT)
+
+    def fresh():  # the registered Normal-Normal KL (the prior is N(0, 1))
+        with torch.no_grad():
+            return float(sum(torch.distributions.kl_divergence(Normal(m, torch.nn.functional.softplus(r)),
+                                                               Normal(torch.zeros_like(m), 1.0)).sum()
+                             for m, r in ((layer.weight_mu, layer.weight_rho), (layer.bias_mu, layer.bias_rho))))
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    # 1. an optimizer step in between: recomputed
+    loss = layer(x).sum() + layer.kl_divergence()
+    loss.backward()
+    layer(x)
+    opt.step()
+    assert float(layer.kl_divergence().detach()) == pytest.approx(fresh(), rel=1e-12)
+    # 2. the forward's graph freed by a backward through the samples: a KL that can be differentiated
+    layer.zero_grad()
+    layer(x).sum().backward()
+    kl = layer.kl_divergence()
+    kl.backward()
+    assert all(torch.isfinite(p.grad).all() for p in layer.parameters())
+    # 3. asked for twice: two KLs, both differentiable, the gradient counted twice
+    layer.zero_grad()
+    out = layer(x)
+    k1, k2 = layer.kl_divergence(), layer.kl_divergence()
+    (k1 + k2).backward()
+    g2 = layer.weight_rho.grad.clone()
+    layer.zero_grad()
+    layer.kl_divergence().backward()
+    torch.testing.assert_close(g2, 2 * layer.weight_rho.grad)
+    # 4. without grad mode: a plain value; deepcopy and pickling with a kept KL
+    layer(x)
+    with torch.no_grad():
+        k = layer.kl_divergence()
+    assert not k.requires_grad and float(k) == pytest.approx(fresh(), rel=1e-12)
+    layer(x)
+    import copy
+    import pickle
+    other = copy.deepcopy(layer)
+    assert float(other.kl_divergence().detach()) == pytest.approx(fresh(), rel=1e-12)
+    layer(x)
+    other = pickle.loads(pickle.dumps(layer))
+    assert float(other.kl_divergence().detach()) == pytest.approx(fresh(), rel=1e-12)
+    other(x)
+    assert float(other.kl_divergence().detach()) == pytest.approx(fresh(), rel=1e-12)
+    # 5. a state_dict load in between (an in-place copy): recomputed
+    layer(x)
+    with torch.no_grad():
+        layer.weight_mu.add_(1.0)
+    assert float(layer.kl_divergence().detach()) == pytest.approx(fresh(), rel=1e-12)
+
+
+@pytest.mark.parametrize("cls,kw", [(vnn.MeanFieldConv2d, {}), (vnn.RadialConv2d, {}), (vnn.RDPConv2d, {}),
+                                    (vnn.MeanFieldConv2d, {"padding": "same"})])
+def test_shared_input_samples_equal_per_sample_evaluation(cls, kw):
+    """The stacked evaluation of S weight samples on one input (im2col, grouped, strided, dilated,
+    padded) equals applying each sample separately; linear layers on inputs with extra dims too."""
+    torch.manual_seed(8)
+    if "padding" in kw:
+        layer = cls(4, 6, 3, dtype=DT, **kw)
+    else:
+        groups = 1 if cls is vnn.RDPConv2d else 2
+        layer = cls(4, 6, (3, 2), stride=(2, 1), padding=(1, 0), dilation=(1, 2), groups=groups, dtype=DT)
+    x = torch.randn(3, 4, 7, 6, dtype=DT)
+    s = 4
+    w, b = layer.sample_weights(s)
+    shared = layer._apply_shared(x, w, b, s)
+    ref = torch.cat([layer._apply_weights(x, w[i], b[i]) for i in range(s)])
+    torch.testing.assert_close(shared, ref)
+    for lcls in (vnn.MeanFieldLinear, vnn.RadialLinear, vnn.RDPLinear):
+        lin = lcls(6, 4, dtype=DT)
+        xl = torch.randn(3, 2, 6, dtype=DT)
+        w, b = lin.sample_weights(s)
+        torch.testing.assert_close(lin._apply_shared(xl, w, b, s), torch.cat([lin._apply_weights(xl, w[i], b[i])
+                                                                               for i in range(s)]))
+
+
+def test_predict_first_layer_local_reparameterisation_is_exact_per_example():
+    """predict's first MeanFieldLinear on a batch of vectors uses the local reparameterisation:
+    its outputs for one example have mean x mu^T + mu_b and variance x^2 sigma^2 + sigma_b^2,
+    independent across units, as with sampled weights; the predictive's per-example moments
+    agree with the per-sample loop's within standard errors."""
+    torch.manual_seed(9)
+    first = vnn.MeanFieldLinear(5, 3, dtype=DT, sigma_init=0.4)
+    _perturb(first, 0.2)
+    assert vnn.meanfield._local_is_cheaper(2, 5, 3, 4000)
+    x = torch.randn(2, 5, dtype=DT)
+    with torch.no_grad():
+        h = first._forward_shared(x, 4000).reshape(4000, 2, 3)
+        mean = torch.nn.functional.linear(x, first.weight_mu, first.bias_mu)
+        var = torch.nn.functional.linear(x ** 2, first.weight_sigma ** 2, first.bias_sigma ** 2)
+    for i in range(2):
+        for j in range(3):
+            _mc_check(h[:, i, j], mean[i, j])
+            _mc_check((h[:, i, j] - mean[i, j]) ** 2, var[i, j])
+        c = torch.corrcoef(h[:, i, :].T)  # independent units
+        assert (c - torch.eye(3, dtype=DT)).abs().max() < 5 / math.sqrt(4000)
+    # the whole predictive: per-example means and variances of the logits, batched vs loop
+    model = nn.Sequential(first, nn.ReLU(), vnn.MeanFieldLinear(3, 4, dtype=DT, sigma_init=0.3))
+    n = 3000
+    with torch.no_grad():
+        batched = vnn.model._predictive_forward(model, x, n)  # (n, 2, 4)
+        looped = torch.stack([model(x) for _ in range(n)])
+    for i in range(2):
+        for j in range(4):
+            a, b = batched[:, i, j], looped[:, i, j]
+            se = math.sqrt(a.var() / n + b.var() / n)
+            assert abs(float(a.mean() - b.mean())) <= 5 * se
+            va, vb = (a - a.mean()) ** 2, (b - b.mean()) ** 2
+            assert abs(float(va.mean() - vb.mean())) <= 5 * math.sqrt(va.var() / n + vb.var() / n)
+
+
+def test_predict_uses_the_shared_first_layer_only_where_it_is_safe():
+    """Stacked weights for a first Radial / conv layer (same numbers as sample_forward with the
+    same seed), the plain folded evaluation when the first child is a container."""
+    torch.manual_seed(10)
+    conv = nn.Sequential(vnn.MeanFieldConv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), vnn.RadialLinear(64, 3))
+    x = torch.randn(5, 1, 4, 4)
+    torch.manual_seed(11)
+    p = vnn.predict(conv, x, 6)
+    torch.manual_seed(11)
+    with torch.no_grad():
+        ref = torch.softmax(vnn.sample_forward(conv, x, 6), -1)
+    torch.testing.assert_close(p.sample_probs, ref, rtol=1e-5, atol=1e-6)
+    nested = nn.Sequential(nn.Sequential(vnn.MeanFieldLinear(4, 3)), nn.ReLU())
+    assert vnn.model._shared_prefix(nested) is None
+    assert vnn.model._shared_prefix(nn.Sequential(nn.Flatten(), vnn.RadialLinear(4, 3)))[0] == 1
+
+
+@pytest.mark.parametrize("cls", [vnn.RadialLinear, vnn.RadialConv2d])
+def test_radial_kl_fused_form_equals_the_closed_form(cls):
+    """The Radial layers' KL through the fused mean-field KL (to N(m, D s^2)) plus its correction
+    equals the registered closed form Radial || Independent(Normal), value and gradients."""
+    torch.manual_seed(12)
+    args = (5, 3) if cls is vnn.RadialLinear else (2, 3, 3)
+    prior = Normal(torch.tensor(0.3, dtype=DT), torch.tensor(1.4, dtype=DT))
+    layer = cls(*args, dtype=DT, sigma_init=0.3, prior=prior)
+    _perturb(layer, 0.2)
+    kl = layer.kl_divergence()
+    ref = (torch.distributions.kl_divergence(layer.weight_posterior(), layer.prior.distribution(layer.weight_mu.shape))
+           + torch.distributions.kl_divergence(layer.bias_posterior(), layer.bias_prior.distribution((3,))))
+    torch.testing.assert_close(kl, ref, rtol=1e-12, atol=0)
+    g = torch.autograd.grad(kl, list(layer.parameters()))
+    r = torch.autograd.grad(ref, list(layer.parameters()))
+    for a, b in zip(g, r):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)

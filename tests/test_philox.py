@@ -8,8 +8,6 @@
 * determinism across thread counts, torch.Generator semantics, opcheck, errors.
 """
 import math
-import os
-import shutil
 import subprocess
 
 import numpy as np
@@ -19,6 +17,8 @@ from scipy import stats
 
 import vmfdist  # noqa: F401  (registers the ops)
 from vmfdist.random import MAX_OFFSET, philox_normal, philox_uniform
+
+from .drivers import compile_driver
 
 from vmfdist._ops import lib  # noqa: E402
 U32 = 0xFFFFFFFF
@@ -421,18 +421,11 @@ def test_cuda_matches_cpu():
 # ----------------------------------------------------------------------------
 # PhiloxStream (multi-draw streams for later samplers): philox.h needs nothing
 # but <cmath>/<cstdint>, so a tiny driver is compiled with the host compiler.
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def stream_driver(tmp_path_factory):
-    cxx = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    exe = str(tmp_path_factory.mktemp("philox") / "philox_stream_check")
-    subprocess.run([cxx, "-std=c++17", "-O1", "-ffp-contract=off", "-I", os.path.join(_ROOT, "csrc", "include"),
-                    os.path.join(_ROOT, "tests", "philox_stream_check.cpp"), "-o", exe], check=True)
-    return exe
+    return compile_driver(tmp_path_factory, "philox_stream_check", "-O1")
 
 
 def np_stream_words(seed, offset, index, nblocks):

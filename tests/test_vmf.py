@@ -23,6 +23,7 @@ from vmfdist.linalg import householder
 from vmfdist.testing import cpu_and_cuda
 
 from . import reference as ref
+from .drivers import compile_driver
 
 F64 = torch.float64
 Z = 4.5  # standard errors allowed in statistical tests (two-sided p ~ 7e-6 each)
@@ -688,20 +689,8 @@ def test_opcheck():
 
 @pytest.fixture(scope="module")
 def fast_normal_driver(tmp_path_factory):
-    import os
-    import shutil
-    import subprocess
-
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    exe = str(tmp_path_factory.mktemp("fast_normal") / "fast_normal_check")
     # -O3: the batch routine must give the same bits when vectorised (in both copies of isa::dispatch)
-    subprocess.run([cxx, "-std=c++17", "-O3", "-ffp-contract=off", "-fno-math-errno", "-I",
-                    os.path.join(root, "csrc", "include"), os.path.join(root, "tests", "fast_normal_check.cpp"),
-                    "-o", exe], check=True)
-    return exe
+    return compile_driver(tmp_path_factory, "fast_normal_check", "-O3", "-fno-math-errno")
 
 
 @pytest.mark.parametrize("seed,offset,row,n", [(0, 1, 0, 9), (2 ** 64 - 1, 2 ** 48 - 1, 2 ** 48 - 1, 130),

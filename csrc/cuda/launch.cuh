@@ -1,6 +1,6 @@
 // Launch geometry shared by every CUDA kernel of the extension: the block size, the
 // number of blocks for a given amount of work (capped, since every kernel loops with
-// a grid stride), the stride loops themselves and the current stream.
+// a grid stride), the stride loops themselves, a block's sum and the current stream.
 //
 //   kernel<<<launch::blocks_for(n), launch::kThreads, 0, launch::stream()>>>(...);
 //   __global__ void kernel(...) { for (int64_t i : launch::grid_stride(n)) { ... } }
@@ -65,6 +65,22 @@ __device__ inline StrideRange block_stride(int64_t n) {
 __device__ inline StrideRange warp_stride(int64_t n) {
   return {(blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kWarp, n,
           (static_cast<int64_t>(gridDim.x) * blockDim.x) / kWarp};
+}
+
+// The sum of every thread's v over its block (of kThreads threads), returned to every thread:
+// a tree in shared memory, added in a fixed order, so the bits do not depend on the launch.
+// Every thread of the block calls it (it synchronises the block), as often as it likes.
+__device__ inline double block_sum(double v) {
+  __shared__ double red[kThreads];
+  red[threadIdx.x] = v;
+  __syncthreads();
+  for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
+    __syncthreads();
+  }
+  const double total = red[0];
+  __syncthreads();  // before the next call writes red
+  return total;
 }
 
 }  // namespace launch

@@ -32,7 +32,6 @@ __global__ void radial_pass1(scalar_t* __restrict__ out, double* __restrict__ pa
                              int64_t nchunk, int64_t length, const int64_t* __restrict__ seed_offset) {
   const SeedOffset so = load_seed_offset(seed_offset);
   const uint64_t seed = so.seed, offset = so.offset;
-  __shared__ double red[kThreads];
   for (int64_t u : launch::block_stride(units)) {
     const int64_t t = u / nchunk, c = u % nchunk;
     const int64_t start = c * kRadialChunk;
@@ -52,14 +51,8 @@ __global__ void radial_pass1(scalar_t* __restrict__ out, double* __restrict__ pa
         }
       }
     }
-    red[threadIdx.x] = acc;
-    __syncthreads();
-    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
-      if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
-      __syncthreads();
-    }
-    if (threadIdx.x == 0) partial[u] = red[0];
-    __syncthreads();
+    const double sum = launch::block_sum(acc);
+    if (threadIdx.x == 0) partial[u] = sum;
   }
 }
 

@@ -11,13 +11,14 @@ need and the autograd formulas:
   from every sampler to its op (seed drawn inside the op, as torch's random ops do)
 * :mod:`.vmf`     -- the von Mises--Fisher sampler (implicit reparameterisation)
 * :mod:`.radial`  -- the fused radial noise
+* :mod:`.meanfield` -- mean-field Gaussian sampling (softplus scale) and its KL to a Gaussian prior
 * :mod:`.kron`    -- the Kronecker-eigenbasis products and noise
 
 The public functions over these ops live in the modules of their area
 (:mod:`vmfdist.special`, :mod:`vmfdist.random`, :mod:`vmfdist.linalg`,
 :mod:`vmfdist.distributions`).
 """
-from . import kron, radial, random, special, vmf  # noqa: F401  (registrations)
+from . import kron, meanfield, radial, random, special, vmf  # noqa: F401  (registrations)
 from ._lib import lib
 
 __all__ = ["lib"]

@@ -2,6 +2,8 @@
 
 * :class:`VonMisesFisher`, :class:`HypersphericalUniform` (``von_mises_fisher.py``)
 * :class:`Radial`, :func:`radial_noise`, :func:`kl_radial_radial` (``radial.py``)
+* :func:`meanfield_sample`, :func:`meanfield_kl`: fused sampling and KL of a factorised Gaussian
+  with a softplus scale, the mean-field layers' posterior (``meanfield.py``)
 * KL divergences torch lacks for the radius priors: LogNormal||Gamma,
   LogNormal||InverseGamma, Weibull||Weibull (``kl.py``)
 * :class:`MatrixNormal`, :class:`EigenvalueCorrectedMatrixNormal` (``matrix_normal.py``)
@@ -11,6 +13,7 @@
 from . import kl  # noqa: F401  (registers the KL divergences)
 from . import transforms  # noqa: F401  (registers biject_to / transform_to for the sphere)
 from .matrix_normal import EigenvalueCorrectedMatrixNormal, MatrixNormal  # noqa: F401
+from .meanfield import meanfield_kl, meanfield_sample  # noqa: F401
 from .radial import Radial, kl_radial_radial, radial_noise  # noqa: F401
 from .transforms import NormalizeTransform, StereographicTransform  # noqa: F401
 from .von_mises_fisher import (  # noqa: F401
@@ -26,6 +29,8 @@ __all__ = [
     "Radial",
     "radial_noise",
     "kl_radial_radial",
+    "meanfield_sample",
+    "meanfield_kl",
     "MatrixNormal",
     "EigenvalueCorrectedMatrixNormal",
     "VonMisesFisher",

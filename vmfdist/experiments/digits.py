@@ -60,7 +60,7 @@ def train_elbo(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, 
     groups = [{"params": rest}] + ([{"params": radius, "lr": radius_lr}] if radius and radius_lr else [])
     if likelihood is not None:
         groups.append({"params": list(likelihood.parameters())})
-    opt = torch.optim.Adam(groups, lr=lr)
+    opt = torch.optim.Adam(groups, lr=lr, foreach=True)
     model.train()
     losses = []
     for _ in range(epochs):
@@ -88,7 +88,7 @@ def train_map(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, l
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     n = len(x)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=True)
     steps = epochs * math.ceil(n / BATCH)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=max(1, (3 * steps) // 4), gamma=0.1)
     model.train()

@@ -187,7 +187,7 @@ def train_map(split: Split, epochs: int, seed: int, prior_precision: float = 1.0
     n, d = split.x_train.shape
     model = _mlp(d, split.n_hidden, split.x_train.dtype)
     log_tau = torch.zeros((), dtype=split.x_train.dtype, requires_grad=True)
-    opt = torch.optim.Adam(list(model.parameters()) + [log_tau], lr=lr)
+    opt = torch.optim.Adam(list(model.parameters()) + [log_tau], lr=lr, foreach=True)
     a0, b0 = GAMMA_PRIOR
     steps_per_epoch = math.ceil(n / split.batch_size)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=max(1, epochs * steps_per_epoch // 2), gamma=0.1)
@@ -366,7 +366,7 @@ def _vi_method(kind: str):
         model = bnn.to_bayesian(_mlp(d, split.n_hidden, split.x_train.dtype), kind=kind)
         lik = bnn.GammaPrecisionGaussian(*GAMMA_PRIOR).to(split.x_train.dtype)
         elbo = bnn.ELBO(model, num_data=n, likelihood=lik, kl_weight=hp["kl_weight"])
-        opt = torch.optim.Adam(list(model.parameters()) + list(lik.parameters()), lr=hp["lr"])
+        opt = torch.optim.Adam(list(model.parameters()) + list(lik.parameters()), lr=hp["lr"], foreach=True)
         steps = epochs * math.ceil(n / split.batch_size)
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=max(1, steps // 2), gamma=0.1)
         model.train()

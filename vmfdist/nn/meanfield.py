@@ -18,9 +18,11 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch.distributions import Independent, Normal
 
-from ._base import _ConvOps, _LinearOps, _ScaledGaussianLayer, _conv_repr, _conv_setup, _linear_setup
+from .._ops import lib
+from ._base import _ConvOps, _LinearOps, _ScaledGaussianLayer, _conv_repr, _conv_setup, _linear_setup, kl_to_prior
 
 __all__ = ["MeanFieldLinear", "MeanFieldConv2d"]
 
@@ -34,6 +36,7 @@ class _MeanField(_ScaledGaussianLayer):
         if not (isinstance(sigma_init, (int, float)) and sigma_init > 0 and math.isfinite(sigma_init)):
             raise ValueError(f"sigma_init must be a positive float, got {sigma_init!r}")
         self.estimator = estimator
+        self._kl_cache = _KLCache()
         self._init_scale_parameters(wshape, bias, sigma_init, prior, bias_prior, 16, device, dtype)
 
     # ---- posterior --------------------------------------------------------------
@@ -48,49 +51,194 @@ class _MeanField(_ScaledGaussianLayer):
         return Independent(Normal(self.bias_mu, self.bias_sigma, validate_args=False), 1, validate_args=False)
 
     def sample_weights(self, num_samples):
-        shape = (num_samples,) + tuple(self.weight_mu.shape)
-        w = torch.addcmul(self.weight_mu, self.weight_sigma, torch.randn(shape, dtype=self.weight_mu.dtype,
-                                                                         device=self.weight_mu.device))
+        # the fused op (csrc/include/vmfdist/meanfield.h): mu + softplus(rho) * eps in one pass
+        return self._draw(num_samples, with_loc=True)
+
+    def _draw(self, num_samples, with_loc, priors=None):
+        """(weight, bias) samples: ``mu + softplus(rho) * eps``, or the perturbations
+        ``softplus(rho) * eps`` without ``with_loc``.  With ``priors`` (of :meth:`_fused_priors`;
+        needs ``with_loc``) the op also computes the KL in the same pass, and the layer keeps it
+        for :meth:`kl_divergence`.  On the CPU the normals are kept for the backward pass when it
+        will run (reading them back is cheaper than regenerating them); on a GPU they are
+        regenerated from their Philox streams there (less memory traffic)."""
+        rho, bias_mu = self.weight_rho, self.bias_mu
+        keep = rho.requires_grad and rho.device.type == "cpu" and torch.is_grad_enabled()
+        (m, s), (mb, sb) = priors if priors is not None else _NO_PRIORS
+        w, _, kl, _ = lib.meanfield_sample(self.weight_mu if with_loc else None, rho, m, s, num_samples, keep)
         b = None
-        if self.bias_mu is not None:
-            b = torch.addcmul(self.bias_mu, self.bias_sigma,
-                              torch.randn((num_samples,) + tuple(self.bias_mu.shape), dtype=self.bias_mu.dtype,
-                                          device=self.bias_mu.device))
+        if bias_mu is not None:
+            b, _, kl_b, _ = lib.meanfield_sample(bias_mu if with_loc else None, self.bias_rho, mb, sb, num_samples,
+                                                 keep)
+            if priors is not None:
+                kl = kl + kl_b
+        if priors is not None:
+            self._kl_cache.store(kl, self._kl_inputs())
         return w, b
+
+    def _fused_priors(self):
+        """``((m, s), (m_b, s_b))``: the priors of weight and bias in the form of the fused ops
+        (:func:`_fusable`; ``(None, None)`` for an absent bias), or None if one is not."""
+        w = _fusable(self.weight_mu, self.prior)
+        if w is None or self.bias_mu is None:
+            return None if w is None else (w, (None, None))
+        b = _fusable(self.bias_mu, self.bias_prior)
+        return None if b is None else (w, b)
+
+    def _kl_inputs(self):
+        """What the fused KL depends on: the parameters and the (Normal) priors' buffers."""
+        ts = [self.weight_mu, self.weight_rho, self.prior.param_loc, self.prior.param_scale]
+        if self.bias_mu is not None:
+            ts += [self.bias_mu, self.bias_rho, self.bias_prior.param_loc, self.bias_prior.param_scale]
+        return ts
+
+    def _kl_in_forward(self):
+        """Whether the sampling forward pass computes the KL too: when it will be differentiated
+        (grad mode, trainable rho), outside torch.compile (and for priors the fused op takes)."""
+        return torch.is_grad_enabled() and self.weight_rho.requires_grad and not torch.compiler.is_compiling()
+
+    def kl_divergence(self):
+        """KL(q || prior) summed over weights and bias.  For Gaussian priors whose parameters
+        are scalars or of the parameter's shape it is the closed form evaluated by a fused op:
+        the one the last sampling forward pass computed together with the weights (one pass
+        over mu and rho, one autograd node for both) when nothing it depends on has changed
+        since, that forward's graph is still there, and it was not handed out before; else a
+        separate one-pass op (``meanfield_kl``).  Other priors: the registered KL."""
+        priors = self._fused_priors()
+        if priors is None:
+            return super().kl_divergence()
+        kl = self._kl_cache.take(self._kl_inputs())
+        if kl is not None:
+            return kl
+        (m, s), (mb, sb) = priors
+        kl = lib.meanfield_kl(self.weight_mu, self.weight_rho, m, s)
+        if self.bias_mu is not None:
+            kl = kl + lib.meanfield_kl(self.bias_mu, self.bias_rho, mb, sb)
+        return kl
+
+    def _forward_shared(self, x, num_samples):
+        r"""Samples on a shared input: for a linear layer on a batch of vectors ``(B, in)`` the
+        local reparameterisation, drawn independently per sample and example -- for one example,
+        each weight enters its pre-activations once, so they are exactly
+        :math:`\mathcal N(x\mu^T + \mu_b, x^2\sigma^{2T} + \sigma_b^2)`, independent across output
+        units: the same distribution as with sampled weights (examples are no longer correlated
+        through a shared weight sample, which no per-example quantity sees).  It costs two
+        products with the input instead of ``S``, and normals per output instead of per weight,
+        and is used when that is cheaper.  Otherwise (convolutions, inputs with more dimensions,
+        posterior mean / mode) the stacked weights."""
+        if (self._mode != "sample" or not isinstance(self, MeanFieldLinear) or x.dim() != 2
+                or not _local_is_cheaper(x.shape[0], self.in_features, self.out_features, num_samples)):
+            return super()._forward_shared(x, num_samples)
+        self._check_input(x)
+        mean = F.linear(x, self.weight_mu, self.bias_mu)
+        var = F.linear(x * x, self.weight_sigma.square(), None if self.bias_mu is None else self.bias_sigma.square())
+        std = var.clamp_min(torch.finfo(var.dtype).tiny).sqrt_()
+        eps = torch.randn((num_samples,) + tuple(mean.shape), dtype=mean.dtype, device=mean.device)
+        return torch.addcmul(mean, std, eps).reshape((-1, self.out_features))
 
     # ---- estimators --------------------------------------------------------------
     def _forward_sample(self, x, num_samples):
         if self.estimator == "reparam":
-            return super()._forward_sample(x, num_samples)
+            w, b = self._draw(num_samples, True, self._fused_priors() if self._kl_in_forward() else None)
+            if num_samples == 1:  # views (w[0] would copy its gradient into a zero tensor of w's size)
+                return self._apply_weights(x, w.view(w.shape[1:]), None if b is None else b.view(b.shape[1:]))
+            return self._apply_folded(x, w, b, num_samples)
         if self.estimator == "local":
             mean = self._apply_weights(x, self.weight_mu, self.bias_mu)
             var = self._apply_weights(x * x, self.weight_sigma.square(),
                                       None if self.bias_mu is None else self.bias_sigma.square())
             return mean + var.clamp_min(torch.finfo(var.dtype).tiny).sqrt() * torch.randn_like(mean)
-        # flipout
+        # flipout: the perturbations sigma * eps from the fused op (no loc)
         mean = self._apply_weights(x, self.weight_mu, self.bias_mu)
         s_in = self._signs(x, input_side=True)
-        dw = self.weight_sigma * torch.randn((num_samples,) + tuple(self.weight_mu.shape),
-                                             dtype=self.weight_mu.dtype, device=self.weight_mu.device)
-        db = None
-        if self.bias_mu is not None:
-            db = self.bias_sigma * torch.randn((num_samples,) + tuple(self.bias_mu.shape),
-                                               dtype=self.bias_mu.dtype, device=self.bias_mu.device)
+        dw, db = self._draw(num_samples, with_loc=False)
         if num_samples == 1:
-            pert = self._apply_weights(x * s_in, dw[0], None)
-            if db is not None:
-                pert_b = db[0]
+            pert = self._apply_weights(x * s_in, dw.view(dw.shape[1:]), None)
         else:
             pert = self._apply_folded(x * s_in, dw, None, num_samples)
-        pert = pert * self._signs(mean, input_side=False)
-        out = mean + pert
+        out = torch.addcmul(mean, pert, self._signs(mean, input_side=False))
         if db is not None:
             if num_samples == 1:
-                out = out + self._bias_view(pert_b, out)
+                out = out + self._bias_view(db.view(db.shape[1:]), out)
             else:
                 bsz = out.shape[0] // num_samples
                 out = out + self._bias_view(db.repeat_interleave(bsz, dim=0), out, per_row=True)
         return out
+
+
+_NO_PRIORS = ((None, None), (None, None))
+
+
+def _rademacher(shape, dtype, device):
+    """Independent random signs (+-1 with probability 1/2 each) of the given shape: the 32 bits
+    of uniform 32-bit words from the default generator (``bernoulli_`` draws a word per sign,
+    ~20 times slower)."""
+    n = math.prod(shape)
+    words = torch.randint(0, 2 ** 32, ((n + 31) // 32, 1), dtype=torch.int64, device=device)
+    bits = (words >> torch.arange(32, device=device)) & 1
+    return bits.reshape(-1)[:n].reshape(shape).to(dtype).mul_(2).sub_(1)
+
+
+def _local_is_cheaper(batch, n_in, n_out, num_samples, normal_cost=16):
+    """Whether the local reparameterisation (two products with the input, a normal per output)
+    costs less than the stacked weights (one product with ``S`` times the outputs, a normal per
+    weight), counting a normal as ``normal_cost`` multiply-adds."""
+    local = 2 * batch * n_in * n_out + normal_cost * num_samples * batch * n_out
+    stacked = num_samples * batch * n_in * n_out + normal_cost * num_samples * n_in * n_out
+    return local < stacked
+
+
+class _KLCache:
+    """The KL a sampling forward pass computed, until :meth:`take` hands it out (once).
+
+    It is handed out only if every tensor it depends on is the same object at the same version
+    (an in-place update, e.g. an optimizer step, invalidates it), grad mode is on (it carries a
+    graph), and that graph has not been freed by a backward pass (its saved tensors are still
+    there): in every other case the caller recomputes the KL, so the result is always what a
+    fresh evaluation would give.  (A change made through ``.data`` bypasses version counting;
+    do not edit parameters that way between a forward pass and ``kl_divergence()``.)  Not copied
+    by ``copy.deepcopy`` or pickling."""
+
+    __slots__ = ("kl", "key")
+
+    def __init__(self):
+        self.kl, self.key = None, None
+
+    def store(self, kl, inputs):
+        self.kl, self.key = kl, [(t, t._version) for t in inputs]
+
+    def take(self, inputs):
+        kl, key = self.kl, self.key
+        if kl is None:
+            return None
+        self.kl, self.key = None, None
+        if not torch.is_grad_enabled() or torch.compiler.is_compiling() or len(inputs) != len(key):
+            return None
+        if any(t is not k or t._version != v for t, (k, v) in zip(inputs, key)):
+            return None
+        node = kl.grad_fn
+        if node is not None and node.next_functions and type(node).__name__ == "AddBackward0":
+            node = node.next_functions[0][0]  # kl_w + kl_b: the weight's op node
+        try:
+            node.saved_tensors  # raises once a backward pass has freed the graph
+        except (RuntimeError, AttributeError):
+            return None
+        return kl
+
+    def __reduce__(self):  # copies and pickles start empty
+        return (_KLCache, ())
+
+
+def _fusable(mu, prior):
+    """``(loc, scale)`` of an elementwise Normal prior whose parameters have one element or
+    ``mu``'s shape, in ``mu``'s dtype (what ``meanfield_kl`` takes); None for any other prior."""
+    if prior._module is not None or prior._cls is not Normal or prior._ndims:
+        return None
+    m, s = prior.param_loc, prior.param_scale
+    if (m.numel() != 1 and m.shape != mu.shape) or (s.numel() != 1 and s.shape != mu.shape):
+        return None
+    if m.dtype != mu.dtype:  # the prior's buffers may be float32 under a float64 layer
+        m, s = m.to(mu.dtype), s.to(mu.dtype)
+    return m, s
 
 
 class MeanFieldLinear(_LinearOps, _MeanField):
@@ -116,7 +264,7 @@ class MeanFieldLinear(_LinearOps, _MeanField):
         self._init_posterior(wshape, bias, prior, bias_prior, estimator, sigma_init, device, dtype)
 
     def _signs(self, t, input_side):
-        return torch.empty_like(t).bernoulli_(0.5).mul_(2).sub_(1)
+        return _rademacher(t.shape, t.dtype, t.device)
 
     def _bias_view(self, b, out, per_row=False):
         if per_row:
@@ -144,8 +292,7 @@ class MeanFieldConv2d(_ConvOps, _MeanField):
         self._init_posterior(wshape, bias, prior, bias_prior, estimator, sigma_init, device, dtype)
 
     def _signs(self, t, input_side):
-        shape = t.shape[:-2] + (1, 1)
-        return torch.empty(shape, dtype=t.dtype, device=t.device).bernoulli_(0.5).mul_(2).sub_(1)
+        return _rademacher(t.shape[:-2] + (1, 1), t.dtype, t.device)
 
     def _bias_view(self, b, out, per_row=False):
         if per_row:

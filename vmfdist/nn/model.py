@@ -99,6 +99,49 @@ def sample_forward(model: torch.nn.Module, x: torch.Tensor, num_samples: int) ->
     return out.reshape((num_samples, b) + tuple(out.shape[1:]))
 
 
+def _shared_prefix(model: torch.nn.Module):
+    """``(k, layer)`` when ``model`` is an ``nn.Sequential`` whose first child containing a
+    Bayesian layer, child ``k``, is itself one: the children before it see no weight sample,
+    so its input is the same for every sample.  None otherwise."""
+    if not isinstance(model, nn.Sequential):
+        return None
+    for k, child in enumerate(model):
+        if isinstance(child, BayesianModule):
+            return k, child
+        if any(isinstance(m, BayesianModule) for m in child.modules()):
+            return None
+    return None
+
+
+def _predictive_forward(model: torch.nn.Module, x: torch.Tensor, num_samples: int) -> torch.Tensor:
+    """The outputs of ``num_samples`` weight samples, ``(num_samples, batch, ...)``, for the
+    predictive: like :func:`sample_forward`, except that in an ``nn.Sequential`` the modules
+    before the first Bayesian layer run once on ``x`` and that layer evaluates its samples on
+    the shared input (:meth:`BayesianModule._forward_shared`).  Each example's outputs have the
+    distribution they have under :func:`sample_forward`; for use without gradients, in eval mode
+    (where the modules before the first Bayesian layer are deterministic)."""
+    found = _shared_prefix(model)
+    if found is None:
+        return sample_forward(model, x, num_samples)
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+    if not isinstance(x, torch.Tensor) or x.dim() < 1:
+        raise ValueError("x must be a tensor with a batch dimension")
+    k, layer = found
+    b = x.shape[0]
+    h = model[:k](x) if k else x
+    if h.shape[0] != b:
+        raise ValueError(f"the modules before the first Bayesian layer changed the batch size from {b} to "
+                         f"{h.shape[0]}: the model must keep the batch in dimension 0")
+    h = layer._forward_shared(h, num_samples)
+    with _folded(model, num_samples):
+        out = model[k + 1:](h)
+    if out.shape[0] != num_samples * b:
+        raise ValueError(f"model output has leading dimension {out.shape[0]}, expected num_samples * batch = "
+                         f"{num_samples * b}: the model must keep the batch in dimension 0")
+    return out.reshape((num_samples, b) + tuple(out.shape[1:]))
+
+
 def check_finite(module: torch.nn.Module) -> None:
     """Raise ``FloatingPointError`` naming the first parameter of ``module`` that holds a NaN
     or an infinity (one device synchronisation for the whole model)."""

@@ -19,7 +19,7 @@ from torch.distributions import Categorical as _TorchCategorical
 from torch.distributions import MixtureSameFamily, Normal, StudentT
 
 from .elbo import Categorical, GammaPrecisionGaussian, Gaussian, Likelihood
-from .model import sample_forward
+from .model import _predictive_forward
 
 __all__ = ["predict", "PredictiveCategorical", "nll", "log_likelihood", "rmse", "accuracy", "ece",
            "calibration_bins", "brier_score", "predictive_entropy", "mutual_information", "ood_auroc"]
@@ -40,12 +40,20 @@ def predict(model: torch.nn.Module, x: torch.Tensor, num_samples: int = 32, like
     evaluated as one batch.  ``likelihood``: :class:`Categorical` (default; the output is
     logits), :class:`Gaussian` or :class:`GammaPrecisionGaussian` (the output is the mean,
     shape ``(B,)`` or ``(B, 1)``).  The model is evaluated in ``eval()`` mode (restored after).
+
+    The samples are those of :func:`sample_forward`, except in an ``nn.Sequential`` whose first
+    Bayesian layer is one of its children: the modules before that layer run once, and the layer
+    evaluates all its samples on that shared input -- with the stacked weights (one product
+    instead of ``S``), or, for a :class:`MeanFieldLinear` on a batch of vectors, by the local
+    reparameterisation (exact per example: see docs/nn.md, "Predictive and metrics").  Every
+    example's predictive has the distribution the per-sample loop gives it; only the dependence
+    between examples through a shared first-layer weight sample is dropped.
     """
     likelihood = Categorical() if likelihood is None else likelihood
     was_training = model.training
     model.eval()
     try:
-        out = sample_forward(model, x, num_samples)
+        out = _predictive_forward(model, x, num_samples)
     finally:
         model.train(was_training)
     if isinstance(likelihood, Categorical):

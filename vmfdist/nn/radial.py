@@ -19,12 +19,16 @@ Jacobian between the two noise spaces).
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
+import torch
 
+from .._ops import lib
 from ..distributions import Radial, radial_noise
-from ._base import _ConvOps, _LinearOps, _ScaledGaussianLayer, _conv_repr, _conv_setup, _linear_setup
+from ._base import _ConvOps, _LinearOps, _ScaledGaussianLayer, _conv_repr, _conv_setup, _linear_setup, kl_to_prior
+from .meanfield import _fusable
 
 __all__ = ["RadialLinear", "RadialConv2d"]
 
@@ -48,6 +52,51 @@ class _Radial(_ScaledGaussianLayer):
         w = radial_noise(self.weight_mu, self.weight_sigma, (num_samples,))
         b = None if self.bias_mu is None else radial_noise(self.bias_mu, self.bias_sigma, (num_samples,))
         return w, b
+
+    def kl_divergence(self):
+        """KL(q || prior) summed over weights and bias: for a Gaussian prior with scalar or
+        full-shape parameters the closed form of :func:`_radial_gaussian_kl` (one fused pass
+        over mu and rho), else as :meth:`_ScaledGaussianLayer.kl_divergence`."""
+        kl = _radial_gaussian_kl(self.weight_mu, self.weight_rho, self.prior)
+        if kl is None:
+            return super().kl_divergence()
+        if self.bias_mu is not None:
+            kb = _radial_gaussian_kl(self.bias_mu, self.bias_rho, self.bias_prior)
+            if kb is None:
+                kb = kl_to_prior(self.bias_posterior(), self.bias_prior, self.bias_mu.shape, self.prior_kl_samples)
+            kl = kl + kb
+        return kl
+
+
+def _radial_gaussian_kl(mu, rho, prior):
+    r"""KL(Radial(mu, softplus(rho)) || prod_i N(m_i, s_i^2)) for a prior the fused mean-field KL
+    takes (None otherwise).  With :math:`D` elements the closed form (``Radial || Independent(Normal)``)
+    is :math:`\sum_i [\tfrac12\log 2\pi s_i^2 + ((\mu_i - m_i)^2 + \sigma_i^2/D)/(2s_i^2)] - H[q]`,
+    :math:`H[q] = C(D) + \sum_i\log\sigma_i`; it equals the mean-field KL to
+    :math:`\mathcal N(m_i, D s_i^2)` plus :math:`(1 - 1/D)\sum_i(\mu_i - m_i)^2/(2s_i^2)` plus
+    :math:`D(\tfrac12\log 2\pi - \tfrac12\log D + \tfrac12) - C(D)`: one fused pass for the
+    :math:`\sigma` terms (no softplus, log and sums as separate torch ops)."""
+    fused = _fusable(mu, prior)
+    if fused is None:
+        return None
+    m, s = fused
+    d = mu.numel()
+    kl = lib.meanfield_kl(mu, rho, m, s * math.sqrt(d))
+    if d > 1:
+        if s.numel() == 1:  # one fused pass (mse_loss) for sum (mu - m)^2
+            sq = torch.nn.functional.mse_loss(mu, m.expand_as(mu), reduction="sum") / (2 * s * s).reshape(())
+        else:
+            sq = ((mu - m).square() / (2 * s * s)).sum()
+        kl = kl + (1.0 - 1.0 / d) * sq
+    c_d = float(_radial_entropy_const(d))
+    return kl + (d * (0.5 * math.log(2 * math.pi) - 0.5 * math.log(d) + 0.5) - c_d)
+
+
+@functools.lru_cache(maxsize=64)
+def _radial_entropy_const(d):
+    """C(D) of the Radial entropy H[q] = C(D) + sum_i log sigma_i (the same constant as
+    :meth:`Radial.entropy`)."""
+    return Radial(torch.zeros(d, dtype=torch.float64), torch.ones(d, dtype=torch.float64)).entropy()
 
 
 class RadialLinear(_LinearOps, _Radial):
