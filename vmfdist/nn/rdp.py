@@ -64,7 +64,7 @@ from torch.distributions import Distribution, Gamma, Independent, InverseGamma, 
 from .. import special
 from .._ops import lib
 from ..distributions import HypersphericalUniform, VonMisesFisher
-from ..distributions.kl import kl_vmf_uniform, kl_vmf_vmf
+from ..distributions.kl import kl_lognormal_gamma, kl_lognormal_inverse_gamma, kl_vmf_uniform, kl_vmf_vmf
 from ._base import (BayesianModule, _ConvOps, _LinearOps, _Prior, _conv_repr, _conv_setup, _linear_setup,
                     _softplus_inv, kl_normal_to_prior)
 
@@ -104,11 +104,6 @@ def _radius_view(packed: str, row: int):
                     doc=f"``{packed}[{row}]`` (a view; the parameter is ``{packed}``).")
 
 
-# Per log-normal factor, the constant part of KL(LogNormal(mu, s) || Gamma(1/2, rate)) and of
-# KL(LogNormal || InverseGamma(1/2, 1)): log Gamma(1/2) - log(2 pi e) / 2 (plus -log(rate)/2 for the Gamma).
-_RADIUS_CONST = math.lgamma(0.5) - 0.5 * math.log(2 * math.pi * math.e)
-
-
 def _factor_kl(log_kappa, local, glob, prior_kappa, tau_local, tau_global, dim: int, uniform: bool,
                with_grad: bool = False):
     r"""The KL of one grouping, and with ``with_grad`` its gradient with respect to
@@ -117,31 +112,27 @@ def _factor_kl(log_kappa, local, glob, prior_kappa, tau_local, tau_global, dim: 
     Directions: G times KL(vMF(kappa_q) || vMF(kappa_p)) with the same mean direction
     (:func:`~vmfdist.distributions.kl.kl_vmf_vmf`; uniform prior: ``kl_vmf_uniform``), whose
     derivative in kappa_q is :math:`(\kappa_q - \kappa_p)A'(\kappa_q)` (uniform: :math:`\kappa_q A'(\kappa_q)`).
-    Radii: the closed forms of ``kl_lognormal_gamma`` and ``kl_lognormal_inverse_gamma`` for all
-    2 (G + 1) log-normal factors at once (a to Gamma(1/2, rate 1/tau^2), b to InverseGamma(1/2, 1)),
-    with :math:`\pm\mu` (+ for a) and :math:`\beta E = \beta e^{\pm\mu + s^2/2}`:
-    KL = :math:`-\tfrac12\log\beta + \log\Gamma(\tfrac12) \mp \tfrac12\mu + \beta E - \log s - \tfrac12\log 2\pi e`,
-    d/dmu = :math:`\pm(\beta E - \tfrac12)`, d/ds = :math:`\beta E s - 1/s`, ds/drho = sigmoid(rho).
-    Differentiable (the value) by autograd, for higher derivatives."""
+    Radii: ``kl_lognormal_gamma`` (a to Gamma(1/2, rate 1/tau^2)) and ``kl_lognormal_inverse_gamma``
+    (b to InverseGamma(1/2, 1)) over all G + 1 pairs at once; with :math:`\beta E = \beta e^{\pm\mu + s^2/2}`
+    (+ for a, rate :math:`\beta = 1` for b), d/dmu = :math:`\pm(\beta E - \tfrac12)`,
+    d/ds = :math:`\beta E s - 1/s` and ds/drho = sigmoid(rho).  The value is differentiable by
+    autograd (for higher derivatives)."""
     g = local.shape[-1]
     kq = log_kappa.exp()
     kl_dir = kl_vmf_uniform(kq, dim) if uniform else kl_vmf_vmf(kq, prior_kappa, dim)
     packed = torch.cat([local, glob.unsqueeze(1)], 1)  # (4, G + 1): the global factors last
-    mu, rho = packed[:2], packed[2:]
-    s = F.softplus(rho)
-    sign = packed.new_tensor([[1.0], [-1.0]])
-    z = mu * sign
+    s = F.softplus(packed[2:])
     rate_a = torch.cat([tau_local.pow(-2).expand(g), tau_global.pow(-2).reshape(1)])
-    rate = torch.stack([rate_a, torch.ones_like(rate_a)])
-    be = torch.exp(torch.addcmul(z, s, s, value=0.5)) * rate
-    kl_radius = ((be - 0.5 * z - torch.log(s)).sum() + 2 * (g + 1) * _RADIUS_CONST
-                 - 0.5 * (g * torch.log(rate_a[0]) + torch.log(rate_a[g])))
+    kl_radius = (kl_lognormal_gamma(packed[0], s[0], 0.5, rate_a)
+                 + kl_lognormal_inverse_gamma(packed[1], s[1], 0.5, 1.0)).sum()
     kl = g * kl_dir + kl_radius
     if not with_grad:
         return kl, None
     kappa_term = kq if uniform else kq - prior_kappa
     g_kappa = g * kq * kappa_term * lib.bessel_iv_ratio_grad(torch.full_like(kq, 0.5 * dim), kq)
-    g_packed = torch.cat([sign * (be - 0.5), (be * s - s.reciprocal()) * torch.sigmoid(rho)])
+    sign = packed.new_tensor([[1.0], [-1.0]])
+    be = torch.exp(torch.addcmul(packed[:2] * sign, s, s, value=0.5)) * torch.stack([rate_a, torch.ones_like(rate_a)])
+    g_packed = torch.cat([sign * (be - 0.5), (be * s - s.reciprocal()) * torch.sigmoid(packed[2:])])
     return kl, (g_kappa, g_packed[:, :g], g_packed[:, g])
 
 
