@@ -18,7 +18,10 @@ def run_metadata(argv: Optional[list] = None) -> dict:
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
                                 timeout=10).stdout.strip() or None
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+        # only code and data count: results written under docs/ (by this or a concurrent run) and
+        # prose do not change what a run computes
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                     ":(top)", ":(top,exclude)docs"], cwd=here,
                                     capture_output=True, text=True, timeout=10).stdout.strip())
     except (OSError, subprocess.SubprocessError):
         commit, dirty = None, None
