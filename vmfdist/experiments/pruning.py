@@ -7,7 +7,7 @@ uses scikit-learn's ``load_digits`` (8x8, 10 classes, the fixed split of
 
 Per seed: an RDP network (:func:`vmfdist.nn.to_bayesian` with ``kind="rdp"``,
 ``grouping="double"`` in every layer, as the paper) is trained on the ELBO (Adam 5e-3, the radius
-parameters 3e-2); the log-modes of its local radii are split at their gap
+parameters ``RADIUS_LR``, chosen on validation data); the log-modes of its local radii are split at their gap
 (:func:`vmfdist.nn.gap_threshold`) and :func:`vmfdist.nn.compress` removes the neurons whose
 groups fall below; the pruned architecture, parameters and FLOPs (the paper's formulas,
 :func:`vmfdist.nn.count_flops`) and test error are recorded beside the unpruned RDP network and a
@@ -25,13 +25,21 @@ import torch
 
 from .. import nn as bnn
 from . import _common, digits
+from .calibration import load_with_validation
 
+# Adam learning rate of the RDP radius parameters, chosen with --validation (docs/experiments.md)
+RADIUS_LR = 1e-2
 ARCH_INPUT = (1, 8, 8)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=int, default=5, help="training seeds 0..N-1 (default 5)")
     p.add_argument("--epochs", type=int, default=60, help="training epochs of every network (default 60)")
+    p.add_argument("--radius-lr", type=float, default=RADIUS_LR,
+                   help=f"Adam learning rate of the RDP radius parameters (default {RADIUS_LR})")
+    p.add_argument("--validation", action="store_true",
+                   help="score on a held-out 20%% of the training images (fixed, stratified) instead of the "
+                        "test images: for choosing settings")
     p.add_argument("--out", default=os.path.join("docs", "experiments"),
                    help="where digits_pruning.json/.md and the log-mode picture go")
 
@@ -43,14 +51,14 @@ def _errors(model, x, y) -> Dict[str, float]:
     return {"error_mean_weights": mean_err, "error_predictive": 1.0 - float(bnn.accuracy(pred, y))}
 
 
-def run_seed(seed: int, epochs: int, data=None) -> dict:
+def run_seed(seed: int, epochs: int, data=None, radius_lr: float = RADIUS_LR) -> dict:
     """One seed: train RDP and mean-field, prune RDP; returns the numbers and the RDP log-modes."""
     xtr, xte, ytr, yte = data or digits.load()
     with digits.one_thread():
         torch.manual_seed(seed)
         rdp = bnn.to_bayesian(digits.lenet5(), "rdp", grouping="double")
         t0 = time.perf_counter()
-        digits.train_elbo(rdp, xtr, ytr, epochs, lr=5e-3, seed=seed, radius_lr=3e-2)
+        digits.train_elbo(rdp, xtr, ytr, epochs, lr=5e-3, seed=seed, radius_lr=radius_lr)
         t_rdp = time.perf_counter() - t0
         modes = {f"{name}.{side}": v.detach().clone() for name, d in bnn.log_modes(rdp).items()
                  for side, v in d.items()}
@@ -83,19 +91,28 @@ def run_seed(seed: int, epochs: int, data=None) -> dict:
 def run(args) -> dict:
     if args.seeds < 1 or args.epochs < 1:
         raise ValueError(f"--seeds and --epochs must be positive, got {args.seeds} and {args.epochs}")
+    if not args.radius_lr > 0:
+        raise ValueError(f"--radius-lr must be positive, got {args.radius_lr}")
     meta = _common.run_metadata()
-    data = digits.load()
+    if args.validation:  # train on 80% of the training images, score on the rest; no test image is used
+        xtr, xval, _, ytr, yval, _ = load_with_validation()
+        data = (xtr, xval, ytr, yval)
+    else:
+        data = digits.load()
     t_all = time.perf_counter()
     per_seed: List[dict] = []
     first_modes = None
     for seed in _common.progress(range(args.seeds), "digits-pruning"):
-        res, modes = run_seed(seed, args.epochs, data)
+        res, modes = run_seed(seed, args.epochs, data, args.radius_lr)
         per_seed.append(res)
         if first_modes is None:
             first_modes = (modes, {k: (-float("inf") if t is None else t) for k, t in res["thresholds"].items()})
     results = {"seeds": per_seed, "settings": {"epochs": args.epochs, "seeds": args.seeds, "batch": digits.BATCH,
                                                "network": "LeNet-5-Caffe scaled to 8x8 (20-50-200-500)",
-                                               "data": "sklearn load_digits, stratified 80/20 split, seed 0"},
+                                               "radius_lr": args.radius_lr, "validation": bool(args.validation),
+                                               "data": ("validation: 20% of the training images held out"
+                                                        if args.validation else
+                                                        "sklearn load_digits, stratified 80/20 split, seed 0")},
                "meta": meta, "wall_seconds": round(time.perf_counter() - t_all, 1)}
     _common.write_results(args.out, "digits_pruning", results,
                           lambda path: plot_log_modes(*first_modes, path, "RDP on digits (seed 0): log-modes and "
@@ -111,10 +128,12 @@ def markdown(results: dict, picture: str = None) -> str:
         m, se = _common.mean_se([v * scale for v in values])
         return f"{fmt.format(m)} ± {fmt.format(se)}"
 
+    part = "validation" if results["settings"].get("validation") else "test"
     rows = [("RDP, unpruned", "unpruned"), ("RDP, pruned", "pruned"), ("mean-field (BBB)", "meanfield")]
     lines = _common.header("RDP structured pruning on digits", meta, results["wall_seconds"],
-                           f"{len(seeds)} seeds, mean ± standard error") + [
-             "", "| network | test error, mean weights (%) | test error, predictive (%) | parameters | FLOPs |",
+                           f"{len(seeds)} seeds, mean ± standard error; radius learning rate "
+                           f"{results['settings'].get('radius_lr', 3e-2):g}") + [
+             "", f"| network | {part} error, mean weights (%) | {part} error, predictive (%) | parameters | FLOPs |",
              "|---|---|---|---|---|"]
     for label, key in rows:
         e_mean = ms([s[key]["error_mean_weights"] for s in seeds], 100)
