@@ -173,8 +173,7 @@ def markdown(results: dict, picture: str = None) -> str:
             med = 0.5 * (vals[(len(vals) - 1) // 2] + vals[len(vals) // 2])
             lines.append(f"| {r['metric']} | {KINDS[kind]} | {failed}/{len(cells)} ({100 * failed / len(cells):.0f}%) "
                          f"| {vals[-1]:.3f} | {med:.3f} |")
-        lines.append("")
-    lines += ["Failure bars: " + "; ".join(f"{r['metric']}: {r['failure_bar']:.3f}" for r in results["tasks"].values())
+    lines += ["", "Failure bars: " + "; ".join(f"{r['metric']}: {r['failure_bar']:.3f}" for r in results["tasks"].values())
               + " (digits: chance 0.1 + 3 binomial SE on the test set; UCI: the input-free Gaussian predictive)."]
     if picture:
         lines += ["", f"![heat maps]({os.path.basename(picture)})"]
