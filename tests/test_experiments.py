@@ -9,7 +9,7 @@ import torch
 from scipy import stats
 
 from vmfdist.experiments import __main__ as cli
-from vmfdist.experiments import uci
+from vmfdist.experiments import digits, uci
 
 
 def _fake_uci(root, name="toy", n=60, d=3, splits=2, seed=0):
@@ -215,6 +215,33 @@ def test_digits_pruning_smoke(tmp_path):
         assert 0.0 <= s[k]["error_mean_weights"] <= 1.0 and 0.0 <= s[k]["error_predictive"] <= 1.0
     assert "| RDP, pruned |" in (tmp_path / "digits_pruning.md").read_text()
     assert (tmp_path / "digits_pruning.png").stat().st_size > 0
+
+
+def test_digits_pruning_validation_uses_no_test_image(tmp_path, monkeypatch):
+    """--validation trains on 80% of the training images and scores on the other 20%: the test
+    images never reach run_seed; --radius-lr reaches the RDP radius parameters."""
+    from vmfdist.experiments import calibration, pruning
+    seen = {}
+
+    def fake_run_seed(seed, epochs, data, radius_lr):
+        seen["data"], seen["radius_lr"] = data, radius_lr
+        raise StopIteration
+
+    monkeypatch.setattr(pruning, "run_seed", fake_run_seed)
+    with pytest.raises(StopIteration):
+        cli.main(["digits-pruning", "--validation", "--seeds", "1", "--epochs", "1", "--radius-lr", "0.02",
+                  "--out", str(tmp_path)])
+    xtr, xval, xte, ytr, yval, yte = calibration.load_with_validation()
+    assert seen["radius_lr"] == 0.02
+    assert torch.equal(seen["data"][0], xtr) and torch.equal(seen["data"][1], xval)
+    assert torch.equal(seen["data"][3], yval)
+    assert len(xtr) + len(xval) == len(digits.load()[0])  # both parts of the training images
+
+
+def test_digits_pruning_rejects_bad_radius_lr(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["digits-pruning", "--radius-lr", "0", "--out", str(tmp_path)])
+    assert "--radius-lr must be positive" in capsys.readouterr().err
 
 
 def test_radial_robustness_smoke(tmp_path):
