@@ -34,6 +34,12 @@ if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
   export CUDA_HOME=/usr/local/cuda
 fi
 export MAX_JOBS=${MAX_JOBS:-2}
+# torch runs whatever `ninja` is first on PATH: put the environment's own (pinned in REQS) first,
+# so a build from an activated shell and one from a plain shell use the same ninja.  Two ninja
+# versions disagree on the hashes in build/.../.ninja_log (1.11 and 1.13 here), and each then
+# rebuilt every object the other had built.
+PATH="$(cd "$(dirname "$PY")" && pwd):$PATH"
+export PATH
 # vmfdist/_C*.so next to the sources; a no-op when nothing changed
 "$PY" setup.py -q build_ext --inplace
 "$PY" - <<'PYEOF'
