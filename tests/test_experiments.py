@@ -220,7 +220,7 @@ def test_digits_pruning_smoke(tmp_path):
 def test_digits_pruning_validation_uses_no_test_image(tmp_path, monkeypatch):
     """--validation trains on 80% of the training images and scores on the other 20%: the test
     images never reach run_seed; --radius-lr reaches the RDP radius parameters."""
-    from vmfdist.experiments import calibration, pruning
+    from vmfdist.experiments import pruning
     seen = {}
 
     def fake_run_seed(seed, epochs, data, radius_lr):
@@ -231,7 +231,7 @@ def test_digits_pruning_validation_uses_no_test_image(tmp_path, monkeypatch):
     with pytest.raises(StopIteration):
         cli.main(["digits-pruning", "--validation", "--seeds", "1", "--epochs", "1", "--radius-lr", "0.02",
                   "--out", str(tmp_path)])
-    xtr, xval, xte, ytr, yval, yte = calibration.load_with_validation()
+    xtr, xval, xte, ytr, yval, yte = digits.load_with_validation()
     assert seen["radius_lr"] == 0.02
     assert torch.equal(seen["data"][0], xtr) and torch.equal(seen["data"][1], xval)
     assert torch.equal(seen["data"][3], yval)

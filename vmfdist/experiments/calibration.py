@@ -38,7 +38,6 @@ VARIANTS = {"kfac-laplace": (KFACLaplace, None, "marglik"), "ekfac-laplace": (EK
             "ekfac-laplace-val": (EKFACLaplace, None, "gridsearch"),
             "kfac-laplace-last": (KFACLaplace, "last", "marglik"),
             "ekfac-laplace-last": (EKFACLaplace, "last", "marglik")}
-VALIDATION = 0.2  # fraction of the training images held out (stratified, fixed seed)
 METRICS = ["accuracy", "nll", "ece", "brier", "ood_auroc"]
 
 
@@ -63,18 +62,8 @@ def _metrics(probs, y, probs_ood):
             "ood_auroc": float(bnn.ood_auroc(ent_in, ent_out))}
 
 
-def load_with_validation(fraction: float = VALIDATION):
-    """``(x_train, x_val, x_test, y_train, y_val, y_test)``: the digits split of
-    :func:`digits.load` with a stratified ``fraction`` of its training images (fixed seed) held
-    out for choosing the prior precision."""
-    from sklearn.model_selection import train_test_split
-    xtr, xte, ytr, yte = digits.load()
-    xtr, xval, ytr, yval = train_test_split(xtr, ytr, test_size=fraction, random_state=0, stratify=ytr)
-    return xtr, xval, xte, ytr, yval, yte
-
-
 def run_seed(seed: int, epochs: int, data=None):
-    xtr, xval, xte, ytr, yval, yte = data or load_with_validation()
+    xtr, xval, xte, ytr, yval, yte = data or digits.load_with_validation()
     x_ood = shifted(xte)
     out, probs, extra = {}, {}, {}
     with digits.one_thread():
@@ -108,7 +97,7 @@ def run(args) -> dict:
     if args.seeds < 1 or args.epochs < 1:
         raise ValueError(f"--seeds and --epochs must be positive, got {args.seeds} and {args.epochs}")
     meta = _common.run_metadata()
-    data = load_with_validation()
+    data = digits.load_with_validation()
     t_all = time.perf_counter()
     per_seed, first = [], None
     for seed in _common.progress(range(args.seeds), "laplace-calibration"):

@@ -15,6 +15,8 @@ from .. import nn as bnn
 
 #: images per batch in every digits experiment
 BATCH = 64
+#: fraction of the training images held out by :func:`load_with_validation`
+VALIDATION = 0.2
 
 
 def load(test_size: float = 0.2, split_seed: int = 0, dtype=torch.float32) -> Tuple[torch.Tensor, ...]:
@@ -29,6 +31,16 @@ def load(test_size: float = 0.2, split_seed: int = 0, dtype=torch.float32) -> Tu
     x = torch.tensor(x / 16.0, dtype=dtype).reshape(-1, 1, 8, 8)
     y = torch.tensor(y)
     return tuple(train_test_split(x, y, test_size=test_size, random_state=split_seed, stratify=y))
+
+
+def load_with_validation(fraction: float = VALIDATION) -> Tuple[torch.Tensor, ...]:
+    """``(x_train, x_val, x_test, y_train, y_val, y_test)``: the split of :func:`load` with a
+    stratified ``fraction`` of its training images (fixed seed) held out for choosing settings
+    (laplace-calibration's prior precision, digits-pruning's --validation)."""
+    from sklearn.model_selection import train_test_split  # load() has checked that it is there
+    xtr, xte, ytr, yte = load()
+    xtr, xval, ytr, yval = train_test_split(xtr, ytr, test_size=fraction, random_state=0, stratify=ytr)
+    return xtr, xval, xte, ytr, yval, yte
 
 
 def lenet5(c1: int = 20, c2: int = 50, hidden: int = 500, classes: int = 10) -> nn.Sequential:

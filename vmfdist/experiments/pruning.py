@@ -25,7 +25,6 @@ import torch
 
 from .. import nn as bnn
 from . import _common, digits
-from .calibration import load_with_validation
 
 # Adam learning rate of the RDP radius parameters, chosen with --validation (docs/experiments.md)
 RADIUS_LR = 1e-2
@@ -95,7 +94,7 @@ def run(args) -> dict:
         raise ValueError(f"--radius-lr must be positive, got {args.radius_lr}")
     meta = _common.run_metadata()
     if args.validation:  # train on 80% of the training images, score on the rest; no test image is used
-        xtr, xval, _, ytr, yval, _ = load_with_validation()
+        xtr, xval, _, ytr, yval, _ = digits.load_with_validation()
         data = (xtr, xval, ytr, yval)
     else:
         data = digits.load()
