@@ -74,6 +74,21 @@ def _folded(model: torch.nn.Module, num_samples: int):
             m._num_samples = n
 
 
+def _check_sample_args(x, num_samples) -> None:
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+    if not isinstance(x, torch.Tensor) or x.dim() < 1:
+        raise ValueError("x must be a tensor with a batch dimension")
+
+
+def _unfold(out: torch.Tensor, num_samples: int, b: int) -> torch.Tensor:
+    """``(num_samples * b, ...)`` sample-major outputs as ``(num_samples, b, ...)``."""
+    if out.shape[0] != num_samples * b:
+        raise ValueError(f"model output has leading dimension {out.shape[0]}, expected num_samples * batch = "
+                         f"{num_samples * b}: the model must keep the batch in dimension 0")
+    return out.reshape((num_samples, b) + tuple(out.shape[1:]))
+
+
 def sample_forward(model: torch.nn.Module, x: torch.Tensor, num_samples: int) -> torch.Tensor:
     """Outputs of ``num_samples`` independent weight samples, evaluated as one batch:
     ``x`` (batch first) is repeated ``num_samples`` times along dimension 0, every Bayesian
@@ -85,18 +100,12 @@ def sample_forward(model: torch.nn.Module, x: torch.Tensor, num_samples: int) ->
     ``nn.Sequential`` models of layers, activations, pooling and ``Flatten`` do); layers in
     ``mean`` / ``mode`` give the same output for every sample.
     """
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
-    if not isinstance(x, torch.Tensor) or x.dim() < 1:
-        raise ValueError("x must be a tensor with a batch dimension")
+    _check_sample_args(x, num_samples)
     b = x.shape[0]
     xs = x.unsqueeze(0).expand((num_samples,) + tuple(x.shape)).reshape((num_samples * b,) + tuple(x.shape[1:]))
     with _folded(model, num_samples):
         out = model(xs)
-    if out.shape[0] != num_samples * b:
-        raise ValueError(f"model output has leading dimension {out.shape[0]}, expected num_samples * batch = "
-                         f"{num_samples * b}: the model must keep the batch in dimension 0")
-    return out.reshape((num_samples, b) + tuple(out.shape[1:]))
+    return _unfold(out, num_samples, b)
 
 
 def _shared_prefix(model: torch.nn.Module):
@@ -123,10 +132,7 @@ def _predictive_forward(model: torch.nn.Module, x: torch.Tensor, num_samples: in
     found = _shared_prefix(model)
     if found is None:
         return sample_forward(model, x, num_samples)
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
-    if not isinstance(x, torch.Tensor) or x.dim() < 1:
-        raise ValueError("x must be a tensor with a batch dimension")
+    _check_sample_args(x, num_samples)
     k, layer = found
     b = x.shape[0]
     h = model[:k](x) if k else x
@@ -136,10 +142,7 @@ def _predictive_forward(model: torch.nn.Module, x: torch.Tensor, num_samples: in
     h = layer._forward_shared(h, num_samples)
     with _folded(model, num_samples):
         out = model[k + 1:](h)
-    if out.shape[0] != num_samples * b:
-        raise ValueError(f"model output has leading dimension {out.shape[0]}, expected num_samples * batch = "
-                         f"{num_samples * b}: the model must keep the batch in dimension 0")
-    return out.reshape((num_samples, b) + tuple(out.shape[1:]))
+    return _unfold(out, num_samples, b)
 
 
 def check_finite(module: torch.nn.Module) -> None:
