@@ -260,6 +260,11 @@ class BayesianModule(nn.Module):
 
     def _forward_sample(self, x: torch.Tensor, num_samples: int) -> torch.Tensor:
         w, b = self.sample_weights(num_samples)
+        return self._apply_samples(x, w, b, num_samples)
+
+    def _apply_samples(self, x, w, b, num_samples: int) -> torch.Tensor:
+        """The ``num_samples`` stacked weights ``w`` (and biases ``b`` or None) applied to the
+        folded input ``x``: one sample as a plain layer call, several as one batched product."""
         if num_samples == 1:  # a view (w[0] would copy its gradient into a zero tensor of w's size)
             return self._apply_weights(x, w.view(w.shape[1:]), None if b is None else b.view(b.shape[1:]))
         return self._apply_folded(x, w, b, num_samples)

@@ -139,9 +139,7 @@ class _MeanField(_ScaledGaussianLayer):
     def _forward_sample(self, x, num_samples):
         if self.estimator == "reparam":
             w, b = self._draw(num_samples, True, self._fused_priors() if self._kl_in_forward() else None)
-            if num_samples == 1:  # views (w[0] would copy its gradient into a zero tensor of w's size)
-                return self._apply_weights(x, w.view(w.shape[1:]), None if b is None else b.view(b.shape[1:]))
-            return self._apply_folded(x, w, b, num_samples)
+            return self._apply_samples(x, w, b, num_samples)
         if self.estimator == "local":
             mean = self._apply_weights(x, self.weight_mu, self.bias_mu)
             var = self._apply_weights(x * x, self.weight_sigma.square(),
@@ -151,10 +149,7 @@ class _MeanField(_ScaledGaussianLayer):
         mean = self._apply_weights(x, self.weight_mu, self.bias_mu)
         s_in = self._signs(x, input_side=True)
         dw, db = self._draw(num_samples, with_loc=False)
-        if num_samples == 1:
-            pert = self._apply_weights(x * s_in, dw.view(dw.shape[1:]), None)
-        else:
-            pert = self._apply_folded(x * s_in, dw, None, num_samples)
+        pert = self._apply_samples(x * s_in, dw, None, num_samples)
         out = torch.addcmul(mean, pert, self._signs(mean, input_side=False))
         if db is not None:
             if num_samples == 1:
