@@ -886,3 +886,47 @@ def test_radial_kl_fused_form_equals_the_closed_form(cls):
     r = torch.autograd.grad(ref, list(layer.parameters()))
     for a, b in zip(g, r):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_predict_first_radial_layer_per_example_draw_is_exact():
+    """predict's first RadialLinear on a batch of vectors draws each example's outputs from their
+    joint law (no weight samples): mean x mu^T, variance a_o^2 / D with a_o = |x * sigma_o|, and
+    the coupling of the outputs through the shared radius and norm,
+    E[n_o^2 n_o'^2] = 3 a_o^2 a_o'^2 / (D (D + 2)) (uniform direction on the sphere of dimension D,
+    radius N(0, 1)), within standard errors; and, where predict uses it, the same distribution as
+    the stacked weight samples (two-sample KS tests per output and on the squared distance from the
+    mean, which detects outputs drawn independently)."""
+    torch.manual_seed(21)
+    small = vnn.RadialLinear(2, 3, bias=False, dtype=DT, sigma_init=0.7)  # D = 6: small enough to see D + 2
+    _perturb(small, 0.3)
+    x = torch.randn(2, 2, dtype=DT)
+    n = 40000
+    with torch.no_grad():
+        y = small._sample_per_example(x, n).reshape(n, 2, 3)
+        m = torch.nn.functional.linear(x, small.weight_mu)
+        a2 = torch.nn.functional.linear(x * x, small.weight_sigma ** 2)
+    d = 6
+    noise = y - m
+    for i in range(2):
+        for o in range(3):
+            _mc_check(noise[:, i, o], 0.0)
+            _mc_check(noise[:, i, o] ** 2, a2[i, o] / d)
+        for o, p in ((0, 1), (0, 2), (1, 2)):
+            _mc_check(noise[:, i, o] ** 2 * noise[:, i, p] ** 2, 3 * a2[i, o] * a2[i, p] / (d * (d + 2)))
+    # the layer predict uses it for: stacked weights cost more here
+    big = vnn.RadialLinear(12, 3, dtype=DT, sigma_init=0.5)
+    _perturb(big, 0.3)
+    assert vnn.meanfield._local_is_cheaper(2, 12, 3, 20000, per_example=9)
+    assert not vnn.meanfield._local_is_cheaper(400, 12, 3, 20000, per_example=9)
+    x = torch.randn(2, 12, dtype=DT)
+    n = 20000
+    with torch.no_grad():
+        fast = big._forward_shared(x, n).reshape(n, 2, 3)
+        w, b = big.sample_weights(n)
+        ref = big._apply_shared(x, w, b, n).reshape(n, 2, 3)
+        m = torch.nn.functional.linear(x, big.weight_mu, big.bias_mu)
+    for i in range(2):
+        dist = lambda h: ((h[:, i] - m[i]) ** 2).sum(-1).numpy()  # noqa: E731
+        assert scipy.stats.ks_2samp(dist(fast), dist(ref)).pvalue > 1e-3
+        for o in range(3):
+            assert scipy.stats.ks_2samp(fast[:, i, o].numpy(), ref[:, i, o].numpy()).pvalue > 1e-3

@@ -173,11 +173,12 @@ def _rademacher(shape, dtype, device):
     return bits.reshape(-1)[:n].reshape(shape).to(dtype).mul_(2).sub_(1)
 
 
-def _local_is_cheaper(batch, n_in, n_out, num_samples, normal_cost=16):
-    """Whether the local reparameterisation (two products with the input, a normal per output)
-    costs less than the stacked weights (one product with ``S`` times the outputs, a normal per
-    weight), counting a normal as ``normal_cost`` multiply-adds."""
-    local = 2 * batch * n_in * n_out + normal_cost * num_samples * batch * n_out
+def _local_is_cheaper(batch, n_in, n_out, num_samples, normal_cost=16, per_example=0):
+    """Whether the local reparameterisation (two products with the input, a normal per output,
+    and ``per_example`` normals' worth of other draws per sample and example) costs less than the
+    stacked weights (one product with ``S`` times the outputs, a normal per weight), counting a
+    normal as ``normal_cost`` multiply-adds."""
+    local = 2 * batch * n_in * n_out + normal_cost * num_samples * batch * (n_out + per_example)
     stacked = num_samples * batch * n_in * n_out + normal_cost * num_samples * n_in * n_out
     return local < stacked
 

@@ -24,11 +24,13 @@ import math
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
+from torch.distributions import Chi2
 
 from .._ops import lib
 from ..distributions import Radial, radial_noise
 from ._base import _ConvOps, _LinearOps, _ScaledGaussianLayer, _conv_repr, _conv_setup, _linear_setup, kl_to_prior
-from .meanfield import _fusable
+from .meanfield import _fusable, _local_is_cheaper
 
 __all__ = ["RadialLinear", "RadialConv2d"]
 
@@ -121,6 +123,48 @@ class RadialLinear(_LinearOps, _Radial):
         super().__init__()
         wshape = _linear_setup(self, in_features, out_features)
         self._init_posterior(wshape, bias, prior, bias_prior, sigma_init, prior_kl_samples, device, dtype)
+
+    def _forward_shared(self, x, num_samples):
+        r"""Samples on a shared input: for a batch of vectors ``(B, in)``, each example's outputs
+        drawn exactly from their joint distribution under the Radial posterior, independently per
+        sample and example, without forming weight samples.
+
+        For one example :math:`x` the noise part of output :math:`o` is
+        :math:`\frac{r}{\|\epsilon\|}\sum_j x_j\sigma_{oj}\epsilon_{oj}`.  The vectors
+        :math:`(x_j\sigma_{oj})_j` of different outputs sit on disjoint blocks of :math:`\epsilon`
+        (row :math:`o` of the weight), so they are orthogonal: the sums are
+        :math:`a_o g_o` with :math:`a_o = \|x \odot \sigma_o\|` and independent
+        :math:`g_o \sim \mathcal N(0, 1)`, and :math:`\|\epsilon\|^2 = \sum_o g_o^2 + Q` with
+        :math:`Q \sim \chi^2_{D - out}` (the rest of :math:`\epsilon`, independent of the
+        :math:`g_o`).  So :math:`y_o = x\mu_o^T + a_o g_o\, r / \sqrt{\sum_o g_o^2 + Q} + b_o`:
+        two products with the input instead of ``S``, and ``out + 2`` draws per sample and example
+        instead of one normal per weight (the bias is sampled per sample as usual).  Used when that
+        is cheaper (a gamma draw counted as eight normals); otherwise, and for inputs with more
+        dimensions (whose rows share one weight sample) or in mean / mode, the stacked weights."""
+        if (self._mode != "sample" or x.dim() != 2
+                or not _local_is_cheaper(x.shape[0], self.in_features, self.out_features, num_samples,
+                                         per_example=9)):
+            return super()._forward_shared(x, num_samples)
+        return self._sample_per_example(x, num_samples)
+
+    def _sample_per_example(self, x, num_samples):
+        """The per-example draw of :meth:`_forward_shared` for ``x`` of shape ``(B, in)``, as
+        ``(num_samples * B, out)``, sample-major."""
+        self._check_input(x)
+        s, bsz, n_out = num_samples, x.shape[0], self.out_features
+        fk = {"dtype": x.dtype, "device": x.device}
+        mean = F.linear(x, self.weight_mu)  # (B, out)
+        scale = F.linear(x * x, self.weight_sigma.square()).sqrt_()  # a_o = |x * sigma_o|, (B, out)
+        g = torch.randn((s, bsz, n_out), **fk)
+        sumsq = g.square().sum(-1)  # (S, B)
+        rest = self.weight_mu.numel() - n_out  # D - out = out * (in - 1)
+        if rest:
+            sumsq = sumsq + Chi2(torch.tensor(float(rest), **fk)).sample((s, bsz))
+        coef = torch.randn((s, bsz), **fk).mul_(sumsq.rsqrt_())  # r / |eps|
+        out = torch.addcmul(mean, scale, g.mul_(coef.unsqueeze(-1)))  # (S, B, out)
+        if self.bias_mu is not None:
+            out += radial_noise(self.bias_mu, self.bias_sigma, (s,)).unsqueeze(1)
+        return out.reshape(-1, n_out)
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
