@@ -930,3 +930,38 @@ def test_predict_first_radial_layer_per_example_draw_is_exact():
         assert scipy.stats.ks_2samp(dist(fast), dist(ref)).pvalue > 1e-3
         for o in range(3):
             assert scipy.stats.ks_2samp(fast[:, i, o].numpy(), ref[:, i, o].numpy()).pvalue > 1e-3
+
+
+def test_predict_sample_passes():
+    """predict evaluates its samples in passes: sizes as even as possible, automatic only on the
+    CPU for stacked weights over CPU_PASS_BYTES; passes of one sample through a model without a
+    shared first layer give exactly the per-sample loop's outputs (same draws, same order)."""
+    from vmfdist.nn._base import CPU_PASS_BYTES, _pass_sizes
+    cpu = torch.device("cpu")
+    assert _pass_sizes(32, 1000, cpu) == [32]
+    assert _pass_sizes(32, 1000, cpu, 5) == [5, 5, 5, 5, 4, 4, 4]
+    assert _pass_sizes(32, CPU_PASS_BYTES // 10, cpu) == [8, 8, 8, 8]
+    assert _pass_sizes(32, CPU_PASS_BYTES, cpu) == [1] * 32
+    assert _pass_sizes(32, 4 * CPU_PASS_BYTES, torch.device("meta")) == [32]
+    assert _pass_sizes(3, 10, cpu, 8) == [3]
+    torch.manual_seed(31)
+    model = nn.Sequential(nn.Sequential(vnn.RadialLinear(6, 5, sigma_init=0.2)), nn.ReLU(),
+                          vnn.RDPLinear(5, 4), nn.ReLU(), vnn.MeanFieldLinear(4, 3, sigma_init=0.2)).eval()
+    x = torch.randn(7, 6)
+    torch.manual_seed(32)
+    p = vnn.predict(model, x, 5, samples_per_pass=1)
+    torch.manual_seed(32)
+    with torch.no_grad():
+        ref = torch.stack([torch.softmax(model(x), -1) for _ in range(5)])
+    torch.testing.assert_close(p.sample_probs, ref)
+    # a shared first layer and the rest of the model, each in passes
+    seq = nn.Sequential(vnn.RadialConv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), vnn.RDPLinear(64, 3)).eval()
+    sizes = []
+    for m in (seq[0], seq[3]):
+        orig = m.sample_weights
+        m.sample_weights = lambda n, orig=orig: (sizes.append(n), orig(n))[1]
+    p = vnn.predict(seq, torch.randn(5, 1, 4, 4), 7, samples_per_pass=3)
+    assert sizes == [3, 2, 2, 3, 2, 2] and p.sample_probs.shape == (7, 5, 3)
+    assert torch.isfinite(p.sample_probs).all()
+    with pytest.raises(ValueError, match="samples_per_pass"):
+        vnn.predict(seq, torch.randn(5, 1, 4, 4), 7, samples_per_pass=0)

@@ -269,15 +269,25 @@ class BayesianModule(nn.Module):
             return self._apply_weights(x, w.view(w.shape[1:]), None if b is None else b.view(b.shape[1:]))
         return self._apply_folded(x, w, b, num_samples)
 
-    def _forward_shared(self, x: torch.Tensor, num_samples: int) -> torch.Tensor:
+    def _forward_shared(self, x: torch.Tensor, num_samples: int, samples_per_pass: Optional[int] = None) -> torch.Tensor:
         """``num_samples`` independent evaluations of the layer on the same input ``x`` (a batch
         of ``B``), returned sample-major as ``(num_samples * B, ...)``: what the folded evaluation
-        gives for ``x`` repeated ``num_samples`` times, without repeating it."""
+        gives for ``x`` repeated ``num_samples`` times, without repeating it.  The weight samples
+        are drawn and applied in passes of at most ``samples_per_pass`` (default:
+        :func:`_pass_sizes`)."""
         if self._mode != "sample":
             y = self.forward(x)
             return y.unsqueeze(0).expand((num_samples,) + tuple(y.shape)).reshape((-1,) + tuple(y.shape[1:]))
-        w, b = self.sample_weights(num_samples)
-        return self._apply_shared(x, w, b, num_samples)
+        outs = []
+        for c in _pass_sizes(num_samples, self._sample_bytes(), x.device, samples_per_pass):
+            w, b = self.sample_weights(c)
+            outs.append(self._apply_shared(x, w, b, c))
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def _sample_bytes(self) -> int:
+        """Bytes of one weight sample (what a pass of ``S`` samples stacks ``S`` times)."""
+        p = next(self.parameters(), None)
+        return self._weight_numel() * (p.element_size() if p is not None else 4)
 
     @staticmethod
     def _split(x: torch.Tensor, num_samples: int) -> int:
@@ -287,8 +297,33 @@ class BayesianModule(nn.Module):
         return x.shape[0] // num_samples
 
 
+#: On the CPU, :func:`~vmfdist.nn.predict` draws and applies the weight samples of a layer in
+#: passes whose stacked samples stay within this many bytes (16 MiB): a 32-sample stack of a
+#: 784 x 400 float32 weight (40 MB) is a fresh allocation that glibc serves with ``mmap`` on every
+#: call, whose first-touch page faults cost about as much as drawing the numbers, and which leaves
+#: the caches before it is read; passes of about 14 MB come back from the heap.  On other devices
+#: all samples go in one pass.
+CPU_PASS_BYTES = 16 * 2 ** 20
+
+
+def _pass_sizes(num_samples: int, bytes_per_sample: int, device: torch.device,
+                samples_per_pass: Optional[int] = None) -> list:
+    """How many samples each pass evaluates: at most ``samples_per_pass`` (if given), else all at
+    once unless on the CPU the stack would exceed :data:`CPU_PASS_BYTES`; passes as even as possible."""
+    if samples_per_pass is None:
+        if device.type != "cpu" or bytes_per_sample * num_samples <= CPU_PASS_BYTES:
+            return [num_samples]
+        samples_per_pass = max(1, CPU_PASS_BYTES // bytes_per_sample)
+    k = -(-num_samples // samples_per_pass)
+    q, r = divmod(num_samples, k)
+    return [q + 1] * r + [q] * (k - r)
+
+
 class _LinearOps:
     """``F.linear`` on one weight, ``baddbmm`` on a stack of weights."""
+
+    def _weight_numel(self) -> int:
+        return self.in_features * self.out_features
 
     def _check_input(self, x):
         if x.dim() < 1 or x.shape[-1] != self.in_features:
@@ -325,6 +360,9 @@ class _LinearOps:
 class _ConvOps:
     """``F.conv2d`` on one weight; a stack of ``S`` weights as one convolution with
     ``S * groups`` groups."""
+
+    def _weight_numel(self) -> int:
+        return self.out_channels * (self.in_channels // self.groups) * math.prod(self.kernel_size)
 
     def _conv(self, x, w, b, groups):
         return F.conv2d(x, w, b, self.stride, self.padding, self.dilation, groups)

@@ -115,7 +115,7 @@ class _MeanField(_ScaledGaussianLayer):
             kl = kl + lib.meanfield_kl(self.bias_mu, self.bias_rho, mb, sb)
         return kl
 
-    def _forward_shared(self, x, num_samples):
+    def _forward_shared(self, x, num_samples, samples_per_pass=None):
         r"""Samples on a shared input: for a linear layer on a batch of vectors ``(B, in)`` the
         local reparameterisation, drawn independently per sample and example -- for one example,
         each weight enters its pre-activations once, so they are exactly
@@ -127,7 +127,7 @@ class _MeanField(_ScaledGaussianLayer):
         posterior mean / mode) the stacked weights."""
         if (self._mode != "sample" or not isinstance(self, MeanFieldLinear) or x.dim() != 2
                 or not _local_is_cheaper(x.shape[0], self.in_features, self.out_features, num_samples)):
-            return super()._forward_shared(x, num_samples)
+            return super()._forward_shared(x, num_samples, samples_per_pass)
         self._check_input(x)
         mean = F.linear(x, self.weight_mu, self.bias_mu)
         var = F.linear(x * x, self.weight_sigma.square(), None if self.bias_mu is None else self.bias_sigma.square())

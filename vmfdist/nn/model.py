@@ -3,12 +3,12 @@ weight samples as one batch, and detecting non-finite parameters."""
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Tuple
+from typing import Iterator, Optional, Tuple
 
 import torch
 from torch import nn
 
-from ._base import BayesianModule, _check_mode
+from ._base import BayesianModule, _check_mode, _pass_sizes
 
 __all__ = ["bayesian_modules", "kl_divergence", "deterministic", "sample_forward", "check_finite"]
 
@@ -122,27 +122,44 @@ def _shared_prefix(model: torch.nn.Module):
     return None
 
 
-def _predictive_forward(model: torch.nn.Module, x: torch.Tensor, num_samples: int) -> torch.Tensor:
+def _max_sample_bytes(module: torch.nn.Module) -> int:
+    """Bytes of the largest weight sample among the sampling Bayesian layers of ``module``."""
+    return max((m._sample_bytes() for _, m in bayesian_modules(module) if m.mode == "sample"), default=0)
+
+
+def _predictive_forward(model: torch.nn.Module, x: torch.Tensor, num_samples: int,
+                        samples_per_pass: Optional[int] = None) -> torch.Tensor:
     """The outputs of ``num_samples`` weight samples, ``(num_samples, batch, ...)``, for the
     predictive: like :func:`sample_forward`, except that in an ``nn.Sequential`` the modules
     before the first Bayesian layer run once on ``x`` and that layer evaluates its samples on
-    the shared input (:meth:`BayesianModule._forward_shared`).  Each example's outputs have the
+    the shared input (:meth:`BayesianModule._forward_shared`), and that the samples go through
+    the (rest of the) model in passes of at most ``samples_per_pass`` (default: by the size of
+    the stacked weights, :func:`~vmfdist.nn._base._pass_sizes`).  Each example's outputs have the
     distribution they have under :func:`sample_forward`; for use without gradients, in eval mode
     (where the modules before the first Bayesian layer are deterministic)."""
+    _check_sample_args(x, num_samples)
+    if samples_per_pass is not None and (isinstance(samples_per_pass, bool) or not isinstance(samples_per_pass, int)
+                                         or samples_per_pass < 1):
+        raise ValueError(f"samples_per_pass must be a positive int or None, got {samples_per_pass!r}")
     found = _shared_prefix(model)
     if found is None:
-        return sample_forward(model, x, num_samples)
-    _check_sample_args(x, num_samples)
+        passes = _pass_sizes(num_samples, _max_sample_bytes(model), x.device, samples_per_pass)
+        outs = [sample_forward(model, x, c) for c in passes]
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
     k, layer = found
     b = x.shape[0]
     h = model[:k](x) if k else x
     if h.shape[0] != b:
         raise ValueError(f"the modules before the first Bayesian layer changed the batch size from {b} to "
                          f"{h.shape[0]}: the model must keep the batch in dimension 0")
-    h = layer._forward_shared(h, num_samples)
-    with _folded(model, num_samples):
-        out = model[k + 1:](h)
-    return _unfold(out, num_samples, b)
+    h = layer._forward_shared(h, num_samples, samples_per_pass)
+    rest = model[k + 1:]
+    outs, start = [], 0
+    for c in _pass_sizes(num_samples, _max_sample_bytes(rest), x.device, samples_per_pass):
+        with _folded(rest, c):
+            outs.append(_unfold(rest(h[start * b:(start + c) * b]), c, b))
+        start += c
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
 def check_finite(module: torch.nn.Module) -> None:

@@ -35,11 +35,19 @@ class PredictiveCategorical(_TorchCategorical):
 
 
 @torch.no_grad()
-def predict(model: torch.nn.Module, x: torch.Tensor, num_samples: int = 32, likelihood: Optional[Likelihood] = None):
+def predict(model: torch.nn.Module, x: torch.Tensor, num_samples: int = 32, likelihood: Optional[Likelihood] = None,
+            *, samples_per_pass: Optional[int] = None):
     """Monte Carlo predictive of ``model`` at ``x`` from ``num_samples`` weight samples,
     evaluated as one batch.  ``likelihood``: :class:`Categorical` (default; the output is
     logits), :class:`Gaussian` or :class:`GammaPrecisionGaussian` (the output is the mean,
     shape ``(B,)`` or ``(B, 1)``).  The model is evaluated in ``eval()`` mode (restored after).
+
+    ``samples_per_pass`` bounds how many samples are stacked in one pass (memory: a pass holds
+    that many copies of every layer's weights and activations).  Default: all of them, except
+    on the CPU, where layers whose stacked weight samples would exceed 16 MiB
+    (``vmfdist.nn._base.CPU_PASS_BYTES``) take several passes -- faster there, since large
+    fresh allocations cost page faults on every call.  The samples are independent either way;
+    the random numbers drawn differ between pass sizes.
 
     The samples are those of :func:`sample_forward`, except in an ``nn.Sequential`` whose first
     Bayesian layer is one of its children: the modules before that layer run once, and the layer
@@ -53,7 +61,7 @@ def predict(model: torch.nn.Module, x: torch.Tensor, num_samples: int = 32, like
     was_training = model.training
     model.eval()
     try:
-        out = _predictive_forward(model, x, num_samples)
+        out = _predictive_forward(model, x, num_samples, samples_per_pass)
     finally:
         model.train(was_training)
     if isinstance(likelihood, Categorical):

@@ -124,7 +124,7 @@ class RadialLinear(_LinearOps, _Radial):
         wshape = _linear_setup(self, in_features, out_features)
         self._init_posterior(wshape, bias, prior, bias_prior, sigma_init, prior_kl_samples, device, dtype)
 
-    def _forward_shared(self, x, num_samples):
+    def _forward_shared(self, x, num_samples, samples_per_pass=None):
         r"""Samples on a shared input: for a batch of vectors ``(B, in)``, each example's outputs
         drawn exactly from their joint distribution under the Radial posterior, independently per
         sample and example, without forming weight samples.
@@ -144,7 +144,7 @@ class RadialLinear(_LinearOps, _Radial):
         if (self._mode != "sample" or x.dim() != 2
                 or not _local_is_cheaper(x.shape[0], self.in_features, self.out_features, num_samples,
                                          per_example=9)):
-            return super()._forward_shared(x, num_samples)
+            return super()._forward_shared(x, num_samples, samples_per_pass)
         return self._sample_per_example(x, num_samples)
 
     def _sample_per_example(self, x, num_samples):
