@@ -15,6 +15,7 @@ import json
 import math
 import os
 import platform
+import random
 import statistics
 import subprocess
 import time
@@ -129,6 +130,27 @@ def meta(args, packages=(), **extra) -> dict:
     return {**m, **extra}
 
 
+def steady_heap(limit: int = 32 * 2 ** 20) -> bool:
+    """Ask glibc to serve allocations up to ``limit`` bytes (at most its maximum, 32 MiB) from the
+    heap and never to give freed heap memory back (``mallopt`` M_MMAP_THRESHOLD, M_TRIM_THRESHOLD).
+    With glibc's defaults a tensor of a few MB may be a fresh ``mmap`` on one call and heap memory
+    on the next (the threshold adapts to the frees so far), and the first-touch page faults of a
+    fresh mapping cost as much as a cheap kernel on it: timings then depend on the order of the
+    allocations before them.  This is the behaviour the allocators PyTorch's CPU tuning guide
+    recommends (jemalloc, tcmalloc) give by default.  It cannot be undone in the process.
+    Returns False where there is no glibc ``mallopt``."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(mallopt(m_mmap_threshold, int(limit))) and bool(mallopt(m_trim_threshold, 2 ** 31 - 1))
+
+
 # --------------------------------------------------------------------------- timing
 
 
@@ -168,16 +190,22 @@ def time_fn(fn: Callable[[], object], *, min_reps: int = 5, max_reps: int = 50, 
 
 def time_rounds(fns: Dict[str, Callable[[], object]], rounds: int, sync: Callable[[], None] = lambda: None,
                 verbose: bool = True) -> Dict[str, Dict[str, object]]:
-    """One warm-up call of each, then ``rounds`` rounds that call every implementation once, in
-    order.  Returns ``{name: {"min", "median", "times"}}``."""
+    """One warm-up call of each, then ``rounds`` rounds that call every implementation once, each
+    round in a new (seeded) random order: what runs just before a call leaves the caches, the
+    allocator and the clock in its own state (after a 6 ms step of another layer a 2 ms step was
+    measured 10% slower), so no implementation should always follow the same one.  Returns
+    ``{name: {"min", "median", "times"}}``."""
     for f in fns.values():
         f()
         sync()
     times: Dict[str, List[float]] = {k: [] for k in fns}
+    order = list(fns)
+    rng = random.Random(0)
     for r in range(rounds):
-        for k, f in fns.items():
+        rng.shuffle(order)
+        for k in order:
             sync()
-            times[k].append(_once(f, sync))
+            times[k].append(_once(fns[k], sync))
         if verbose:
             print(f"round {r + 1}/{rounds}", flush=True)
     return {k: {"min": min(ts), "median": statistics.median(ts), "times": ts} for k, ts in times.items()}

@@ -46,10 +46,16 @@ def test_time_fn_long_calls_and_warmup_output():
 
 
 def test_time_rounds_interleaves():
+    """A warm-up round in order, then every round calls each implementation once, in an order that
+    changes between rounds (so none always follows the same one)."""
     order = []
-    res = H.time_rounds({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, rounds=3, verbose=False)
-    assert order == ["a", "b"] * 4  # warm-up round + 3 timed rounds
-    assert all(len(v["times"]) == 3 and v["min"] <= v["median"] for v in res.values())
+    names = "abcd"
+    res = H.time_rounds({k: (lambda k=k: order.append(k)) for k in names}, rounds=8, verbose=False)
+    assert order[:4] == list(names)
+    rounds = [order[4 * (r + 1):4 * (r + 2)] for r in range(8)]
+    assert all(sorted(r) == list(names) for r in rounds) and len(order) == 36
+    assert len({tuple(r) for r in rounds}) > 1
+    assert all(len(v["times"]) == 8 and v["min"] <= v["median"] for v in res.values())
 
 
 def test_split_threads_covers_range_once():
