@@ -62,15 +62,16 @@ TORCH_LIBRARY(vmfdist, m) {
   // ---- Radial noise (csrc/include/vmfdist/radial.h) ----
   // out[s] = loc + scale * eps_s * r_s / |eps_s| (|.| over the event, or per row of the
   // last dimension when rowwise); returns (out (num_samples, *loc.shape), coef = r / |eps|
-  // of shape (num_samples,) or (num_samples, rows), always float64, and seed_offset, the
-  // int64 (2,) tensor [seed, offset] it used, on loc's device).  Streams (seed, offset) and
-  // (seed, offset + 1).
-  m.def("radial_noise(Tensor loc, Tensor scale, SymInt num_samples, bool rowwise=False, *, "
-        "Generator? generator=None, int? seed=None, int? offset=None) -> (Tensor, Tensor, Tensor)",
+  // of shape (num_samples,) or (num_samples, rows), always float64, seed_offset, the
+  // int64 (2,) tensor [seed, offset] it used, on loc's device, and noise: the eps, like out,
+  // when save_noise, else empty).  Streams (seed, offset) and (seed, offset + 1).
+  m.def("radial_noise(Tensor loc, Tensor scale, SymInt num_samples, bool rowwise=False, bool save_noise=False, *, "
+        "Generator? generator=None, int? seed=None, int? offset=None) -> (Tensor, Tensor, Tensor, Tensor)",
         {at::Tag::nondeterministic_seeded});
-  // sum_s grad[s] * eps_s * coef_s with eps regenerated from the streams of seed_offset
-  // (radial_noise's third output): d/dscale of radial_noise.
-  m.def("radial_noise_scale_grad(Tensor grad, Tensor coef, Tensor seed_offset, bool rowwise=False) -> Tensor");
+  // sum_s grad[s] * eps_s * coef_s with eps read from noise (radial_noise's fourth output) when
+  // given, else regenerated from the streams of seed_offset (its third): d/dscale of radial_noise.
+  m.def("radial_noise_scale_grad(Tensor grad, Tensor coef, Tensor seed_offset, bool rowwise=False, "
+        "Tensor? noise=None) -> Tensor");
 
   // ---- Mean-field Gaussian with softplus scale (csrc/include/vmfdist/meanfield.h) ----
   // out[s] = loc + softplus(rho) * eps_s (softplus(rho) * eps_s without loc) for num_samples

@@ -154,7 +154,7 @@ def test_sample_deterministic_and_thread_independent():
     assert not torch.equal(a[0], a[1])
     # the normals are those of radial_noise's eps for a whole-tensor event (the same streams)
     z = lib.meanfield_sample(None, torch.full((5, 6), 30.0, dtype=F64), None, None, 2, seed=3, offset=0)[0] / 30.0
-    w, coef, _ = lib.radial_noise(torch.zeros(5, 6, dtype=F64), torch.ones(5, 6, dtype=F64), 2, seed=3, offset=0)
+    w, coef, _, _ = lib.radial_noise(torch.zeros(5, 6, dtype=F64), torch.ones(5, 6, dtype=F64), 2, seed=3, offset=0)
     torch.testing.assert_close(z, w / coef.view(2, 1, 1), rtol=1e-12, atol=1e-12)
 
 

@@ -201,9 +201,15 @@ def test_radial_noise_errors_and_opcheck():
         Radial(loc, -torch.ones_like(loc), validate_args=True)
     torch.library.opcheck(lib.radial_noise, (loc, torch.ones_like(loc) * 0.5, 3, False), {"seed": 7, "offset": 0})
     torch.library.opcheck(lib.radial_noise, (loc, torch.ones_like(loc) * 0.5, 3, True), {"seed": 7, "offset": 0})
+    torch.library.opcheck(lib.radial_noise, (loc, torch.ones_like(loc) * 0.5, 3, False, True), {"seed": 7, "offset": 0})
     g = torch.randn(3, 2, 3, dtype=F64)
     so = torch.tensor([7, 0])
     torch.library.opcheck(lib.radial_noise_scale_grad, (g, torch.randn(3, dtype=F64), so, False))
+    torch.library.opcheck(lib.radial_noise_scale_grad, (g, torch.randn(3, dtype=F64), so, False, torch.randn_like(g)))
+    with pytest.raises(RuntimeError, match="noise must have the shape of grad"):
+        lib.radial_noise_scale_grad(g, torch.randn(3, dtype=F64), so, False, torch.randn(2, 2, 3, dtype=F64))
+    with pytest.raises(RuntimeError, match="noise must have grad's dtype"):
+        lib.radial_noise_scale_grad(g, torch.randn(3, dtype=F64), so, False, torch.randn(3, 2, 3))
 
 
 def test_radial_noise_seed_offset_ranges():
@@ -215,7 +221,7 @@ def test_radial_noise_seed_offset_ranges():
             lib.radial_noise(loc, scale, 1, seed=1, offset=off)
     with pytest.raises(RuntimeError, match=r"radial_noise: seed must be in \[0, 2\^63\)"):
         lib.radial_noise(loc, scale, 1, seed=-1)
-    out, coef, so = lib.radial_noise(loc, scale, 2, seed=5, offset=2 ** 48 - 2)  # the last valid offset
+    out, coef, so, _ = lib.radial_noise(loc, scale, 2, seed=5, offset=2 ** 48 - 2)  # the last valid offset
     assert so.tolist() == [5, 2 ** 48 - 2] and so.dtype == torch.int64
     # the Python side (integers >= 2^63 never reach the dispatcher)
     with pytest.raises(ValueError, match=r"radial_noise: offset must be in \[0, 281474976710655\)"):
@@ -231,12 +237,12 @@ def test_radial_noise_fake_matches_op():
     (S, 0), and a 0-dim loc with rowwise raises in both."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     cases = [((3, 0), True), ((0, 4), True), ((2, 3), True), ((2, 3), False), ((), False), ((5,), True)]
-    for shape, rowwise in cases:
+    for (shape, rowwise), save in zip(cases, [False, True] * 3):
         loc = torch.zeros(shape, dtype=F64)
-        real = lib.radial_noise(loc, torch.ones_like(loc), 3, rowwise, seed=1)
+        real = lib.radial_noise(loc, torch.ones_like(loc), 3, rowwise, save, seed=1)
         with FakeTensorMode() as mode:
             fl = mode.from_tensor(loc)
-            fake = lib.radial_noise(fl, torch.ones_like(fl), 3, rowwise)
+            fake = lib.radial_noise(fl, torch.ones_like(fl), 3, rowwise, save)
         assert [tuple(t.shape) for t in fake] == [tuple(t.shape) for t in real], (shape, rowwise)
         assert [t.dtype for t in fake] == [t.dtype for t in real]
     loc0 = torch.zeros((), dtype=F64)
@@ -277,8 +283,8 @@ def test_devices_agree(device, dtype, tol, rowwise):
         g = torch.Generator().manual_seed(3)
         loc = torch.randn(shape, generator=g, dtype=F64).to(dtype)
         scale = (torch.rand(shape, generator=g, dtype=F64) + 0.2).to(dtype)
-        out, coef, so = lib.radial_noise(loc, scale, 3, rowwise, seed=17, offset=6)
-        out_d, coef_d, so_d = lib.radial_noise(loc.to(device), scale.to(device), 3, rowwise, seed=17, offset=6)
+        out, coef, so, _ = lib.radial_noise(loc, scale, 3, rowwise, seed=17, offset=6)
+        out_d, coef_d, so_d, _ = lib.radial_noise(loc.to(device), scale.to(device), 3, rowwise, seed=17, offset=6)
         assert out_d.device.type == device and so_d.device.type == device
         assert so_d.cpu().tolist() == so.tolist() == [17, 6]
         torch.testing.assert_close(coef_d.cpu(), coef, rtol=1e-12, atol=0)
@@ -287,6 +293,9 @@ def test_devices_agree(device, dtype, tol, rowwise):
         gs = lib.radial_noise_scale_grad(grad, coef, so, rowwise)
         gs_d = lib.radial_noise_scale_grad(grad.to(device), coef_d, so_d, rowwise)
         torch.testing.assert_close(gs_d.cpu(), gs, rtol=tol, atol=tol)
+        # the kept noise on the device: the same values as regenerating them there
+        _, _, _, noise_d = lib.radial_noise(loc.to(device), scale.to(device), 3, rowwise, True, seed=17, offset=6)
+        assert torch.equal(lib.radial_noise_scale_grad(grad.to(device), coef_d, so_d, rowwise, noise_d), gs_d)
 
 
 # ---------------------------------------------------------------------------
@@ -495,3 +504,36 @@ def test_radial_errors_name_the_argument():
         q.log_prob(torch.zeros(2, 4))
     # an empty batch samples (validation off: torch's independent constraint cannot reshape 0 elements)
     assert Radial(torch.zeros(0, 3), torch.ones(0, 3), event_dims=1, validate_args=False).sample((2,)).shape == (2, 0, 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("rowwise", [False, True])
+def test_radial_noise_kept_noise_gives_the_same_bits(dtype, rowwise):
+    """save_noise keeps the normals of the forward pass for the backward: the samples, and the scale
+    gradient from the kept normals, equal (bit for bit) those of regenerating them; the kept
+    normals are eps itself ((out - loc) / scale = eps * coef)."""
+    g = torch.Generator().manual_seed(5)
+    for shape, s in [((3, 5), 1), ((2, 4100), 3)]:
+        loc = torch.randn(shape, generator=g, dtype=F64).to(dtype)
+        scale = (torch.rand(shape, generator=g, dtype=F64) + 0.2).to(dtype)
+        out, coef, so, empty = lib.radial_noise(loc, scale, s, rowwise, seed=11, offset=4)
+        out2, coef2, so2, noise = lib.radial_noise(loc, scale, s, rowwise, True, seed=11, offset=4)
+        assert empty.numel() == 0 and noise.shape == out.shape and noise.dtype == dtype
+        assert torch.equal(out, out2) and torch.equal(coef, coef2) and torch.equal(so, so2)
+        k = coef.reshape((s,) + (coef.shape[1:] + (1,) if rowwise else (1,) * len(shape)))
+        tol = 1e-12 if dtype == F64 else 1e-4
+        torch.testing.assert_close(((out.double() - loc.double()) / scale.double()), noise.double() * k,
+                                   rtol=tol, atol=tol)
+        grad = torch.randn(out.shape, generator=g, dtype=F64).to(dtype)
+        regen = lib.radial_noise_scale_grad(grad, coef, so, rowwise)
+        assert torch.equal(regen, lib.radial_noise_scale_grad(grad, coef, so, rowwise, noise))
+        # (and it is the kept tensor that is read: doubling it doubles the gradient, exactly)
+        assert torch.equal(2 * regen, lib.radial_noise_scale_grad(grad, coef, so, rowwise, 2 * noise))
+    # through autograd (the layer's path): the same gradients
+    loc = torch.randn(6, 7, dtype=dtype, requires_grad=True)
+    scale = (torch.rand(6, 7, dtype=dtype) + 0.2).requires_grad_(True)
+    grads = []
+    for save in (False, True):
+        w = radial_noise(loc, scale, (2,), rowwise=rowwise, generator=torch.Generator().manual_seed(3), save_noise=save)
+        grads.append(torch.autograd.grad((w * torch.arange(84.0, dtype=dtype).view(2, 6, 7)).sum(), (loc, scale)))
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

@@ -1,7 +1,8 @@
 // CPU kernels of the fused radial noise (math and stream layout: vmfdist/radial.h).
 // No temporaries of the output's size: pass 1 writes the normals into the output
 // and sums their squares per chunk; pass 2 turns them into loc + scale eps coef in
-// place.  The backward pass regenerates eps chunk by chunk.  The operators (checks,
+// place (pass 1 also copies the normals into `noise` when the caller keeps them).  The backward
+// pass reads the kept eps or regenerates them chunk by chunk.  The operators (checks,
 // seed, outputs) are shared with CUDA: radial::Ops in host/radial_host.h.  Every
 // parallel_for task runs through isa::dispatch (macros.h): the normals and the loops
 // over a chunk are compiled for baseline x86-64 and for AVX2 + FMA, the copy chosen at
@@ -11,6 +12,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <tuple>
@@ -59,8 +61,8 @@ void for_each_chunk(int64_t units, int64_t nchunk, int64_t length, int64_t grain
 }
 
 struct CpuRadial : CpuSeeds {
-  static void noise(at::Tensor& out, at::Tensor& coef, const at::Tensor& loc, const at::Tensor& scale,
-                    const RadialLayout& lay, const SeedOffset& so) {
+  static void noise(at::Tensor& out, at::Tensor& coef, at::Tensor& noise, const at::Tensor& loc,
+                    const at::Tensor& scale, const RadialLayout& lay, const SeedOffset& so) {
     const int64_t streams = out.size(0) * lay.groups;
     const int64_t nchunk = (lay.length + kRadialChunk - 1) / kRadialChunk;
     const int64_t units = streams * nchunk;
@@ -69,6 +71,7 @@ struct CpuRadial : CpuSeeds {
     const uint64_t sd = so.seed, of = so.offset;
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, loc.scalar_type(), "radial_noise", [&] {
       scalar_t* po = out.mutable_data_ptr<scalar_t>();
+      scalar_t* pn = noise.numel() > 0 ? noise.mutable_data_ptr<scalar_t>() : nullptr;
       const scalar_t* pm = loc.const_data_ptr<scalar_t>();
       const scalar_t* ps = scale.const_data_ptr<scalar_t>();
       const int64_t grain = std::max<int64_t>(1, 65536 / kRadialChunk);
@@ -77,6 +80,7 @@ struct CpuRadial : CpuSeeds {
         scalar_t* dst = po + t * lay.length + start;  // (s, g) is contiguous: t * L
         fast_normal::fill_normals<scalar_t>(sd, of, static_cast<uint64_t>(t), static_cast<uint32_t>(start / 4), n, dst);
         partial[static_cast<size_t>(u)] = sum_squares(dst, n);
+        if (pn != nullptr) std::copy(dst, dst + n, pn + t * lay.length + start);  // kept for the backward
       });
       // the factor of every group: chunk sums added in order
       at::parallel_for(0, streams, 256, [&](int64_t b, int64_t e) {
@@ -99,8 +103,8 @@ struct CpuRadial : CpuSeeds {
     });
   }
 
-  static void scale_grad(at::Tensor& out, const at::Tensor& grad, const at::Tensor& coef, const RadialLayout& lay,
-                         const SeedOffset& so) {
+  static void scale_grad(at::Tensor& out, const at::Tensor& grad, const at::Tensor& coef, const at::Tensor& noise,
+                         const RadialLayout& lay, const SeedOffset& so) {
     const int64_t S = grad.size(0);
     const int64_t nchunk = (lay.length + kRadialChunk - 1) / kRadialChunk;
     const int64_t units = lay.groups * nchunk;
@@ -109,6 +113,7 @@ struct CpuRadial : CpuSeeds {
     const int64_t event = lay.groups * lay.length;
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "radial_noise_scale_grad", [&] {
       const scalar_t* pg = grad.const_data_ptr<scalar_t>();
+      const scalar_t* pn = noise.defined() ? noise.const_data_ptr<scalar_t>() : nullptr;
       scalar_t* po = out.mutable_data_ptr<scalar_t>();
       at::parallel_for(0, units, 1, [&](int64_t b, int64_t e) {
         std::vector<scalar_t> eps(static_cast<size_t>(kRadialChunk));
@@ -124,11 +129,16 @@ struct CpuRadial : CpuSeeds {
             for (int64_t i = 0; i < n; ++i) pa[i] = 0.0;
             for (int64_t s = 0; s < S; ++s) {
               const int64_t t = s * lay.groups + g;
-              fast_normal::fill_normals<scalar_t>(sd, of, static_cast<uint64_t>(t), static_cast<uint32_t>(start / 4), n,
-                                                  pe);
+              const scalar_t* es = pe;  // the eps of this chunk: kept by the forward pass, or regenerated
+              if (pn != nullptr) {
+                es = pn + s * event + j0;
+              } else {
+                fast_normal::fill_normals<scalar_t>(sd, of, static_cast<uint64_t>(t), static_cast<uint32_t>(start / 4),
+                                                    n, pe);
+              }
               const double k = pc[t];
               const scalar_t* gs = pg + s * event + j0;
-              for (int64_t i = 0; i < n; ++i) pa[i] += static_cast<double>(gs[i]) * (static_cast<double>(pe[i]) * k);
+              for (int64_t i = 0; i < n; ++i) pa[i] += static_cast<double>(gs[i]) * (static_cast<double>(es[i]) * k);
             }
             for (int64_t i = 0; i < n; ++i) po[j0 + i] = static_cast<scalar_t>(pa[i]);
           }

@@ -2,7 +2,8 @@
 // the same passes as csrc/cpu/radial_cpu.cpp: (1) one thread block per chunk writes
 // the normals into the output and reduces their squares; (2) one thread per group
 // adds the chunk sums in order and draws the radius; (3) an elementwise pass forms
-// loc + scale * eps * coef in place.  The scale gradient regenerates eps per element.
+// loc + scale * eps * coef in place (the eps copied to `noise` first when the caller keeps
+// them).  The scale gradient reads the kept eps or regenerates them per element.
 // The operators (checks, seed, outputs) are shared with the CPU: radial::Ops in host/radial_host.h.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -81,8 +82,8 @@ __global__ void radial_pass2(scalar_t* __restrict__ out, const scalar_t* __restr
 
 template <class scalar_t>
 __global__ void radial_scale_grad_kernel(const scalar_t* __restrict__ grad, const double* __restrict__ coef,
-                                         scalar_t* __restrict__ out, int64_t S, int64_t groups, int64_t length,
-                                         const int64_t* __restrict__ seed_offset) {
+                                         const scalar_t* __restrict__ noise, scalar_t* __restrict__ out, int64_t S,
+                                         int64_t groups, int64_t length, const int64_t* __restrict__ seed_offset) {
   const SeedOffset so = load_seed_offset(seed_offset);
   const uint64_t seed = so.seed, offset = so.offset;
   const int64_t event = groups * length;
@@ -91,9 +92,14 @@ __global__ void radial_scale_grad_kernel(const scalar_t* __restrict__ grad, cons
     double acc = 0.0;
     for (int64_t s = 0; s < S; ++s) {
       const int64_t t = s * groups + g;
-      double z[4];
-      fast_normal::normal4_for<scalar_t>(seed, offset, static_cast<uint64_t>(t), static_cast<uint32_t>(k >> 2), z);
-      const double e = static_cast<double>(static_cast<scalar_t>(z[k & 3]));
+      double e;
+      if (noise != nullptr) {  // kept by the forward pass
+        e = static_cast<double>(noise[s * event + j]);
+      } else {
+        double z[4];
+        fast_normal::normal4_for<scalar_t>(seed, offset, static_cast<uint64_t>(t), static_cast<uint32_t>(k >> 2), z);
+        e = static_cast<double>(static_cast<scalar_t>(z[k & 3]));
+      }
       acc += static_cast<double>(grad[s * event + j]) * (e * coef[t]);
     }
     out[j] = static_cast<scalar_t>(acc);
@@ -101,8 +107,8 @@ __global__ void radial_scale_grad_kernel(const scalar_t* __restrict__ grad, cons
 }
 
 struct CudaRadial : CudaSeeds {
-  static void noise(at::Tensor& out, at::Tensor& coef, const at::Tensor& loc, const at::Tensor& scale,
-                    const RadialLayout& lay, const int64_t* pso) {
+  static void noise(at::Tensor& out, at::Tensor& coef, at::Tensor& noise, const at::Tensor& loc,
+                    const at::Tensor& scale, const RadialLayout& lay, const int64_t* pso) {
     const int64_t streams = out.size(0) * lay.groups;
     const int64_t nchunk = (lay.length + kRadialChunk - 1) / kRadialChunk;
     const int64_t units = streams * nchunk;
@@ -113,6 +119,7 @@ struct CudaRadial : CudaSeeds {
       radial_pass1<scalar_t><<<blocks_for(units, 1), kThreads, 0, stream>>>(
           out.mutable_data_ptr<scalar_t>(), partial.mutable_data_ptr<double>(), units, nchunk, lay.length, pso);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
+      if (noise.numel() > 0) noise.copy_(out);  // the eps, kept for the backward (same stream)
       radial_coef<<<blocks_for(streams), kThreads, 0, stream>>>(
           partial.const_data_ptr<double>(), coef.mutable_data_ptr<double>(), streams, nchunk, pso);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -123,12 +130,13 @@ struct CudaRadial : CudaSeeds {
     });
   }
 
-  static void scale_grad(at::Tensor& out, const at::Tensor& grad, const at::Tensor& coef, const RadialLayout& lay,
-                         const int64_t* pso) {
+  static void scale_grad(at::Tensor& out, const at::Tensor& grad, const at::Tensor& coef, const at::Tensor& noise,
+                         const RadialLayout& lay, const int64_t* pso) {
     const int64_t event = lay.groups * lay.length;
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "radial_noise_scale_grad", [&] {
       radial_scale_grad_kernel<scalar_t><<<blocks_for(event), kThreads, 0, launch::stream()>>>(
-          grad.const_data_ptr<scalar_t>(), coef.const_data_ptr<double>(), out.mutable_data_ptr<scalar_t>(),
+          grad.const_data_ptr<scalar_t>(), coef.const_data_ptr<double>(),
+          noise.defined() ? noise.const_data_ptr<scalar_t>() : nullptr, out.mutable_data_ptr<scalar_t>(),
           grad.size(0), lay.groups, lay.length, pso);
     });
     C10_CUDA_KERNEL_LAUNCH_CHECK();

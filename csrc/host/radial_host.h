@@ -77,36 +77,46 @@ inline std::pair<at::Tensor, at::Tensor> allocate_radial_outputs(const at::Tenso
 }
 
 // The operators of one backend.  Backend: the seed interface (CpuSeeds, CudaSeeds) and
-//   noise(out, coef, loc, scale, lay, seed)            fill out and coef; at least one stream and element
-//   scale_grad(out, grad, coef, lay, seed)             out = d(sum grad * sample)/d scale; a non-empty event
-// (loc, scale, grad contiguous; coef float64 and contiguous).
+//   noise(out, coef, noise, loc, scale, lay, seed)     fill out and coef, and the eps into noise when it is
+//                                                      not empty; at least one stream and element
+//   scale_grad(out, grad, coef, noise, lay, seed)      out = d(sum grad * sample)/d scale, the eps read from
+//                                                      noise when it is defined; a non-empty event
+// (loc, scale, grad, noise contiguous; coef float64 and contiguous).
 template <class Backend>
 struct Ops {
-  static std::tuple<at::Tensor, at::Tensor, at::Tensor> noise(const at::Tensor& loc_in, const at::Tensor& scale_in,
-                                                              c10::SymInt num_samples_in, bool rowwise,
-                                                              std::optional<at::Generator> generator,
-                                                              std::optional<int64_t> seed,
-                                                              std::optional<int64_t> offset) {
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> noise(
+      const at::Tensor& loc_in, const at::Tensor& scale_in, c10::SymInt num_samples_in, bool rowwise, bool save_noise,
+      std::optional<at::Generator> generator, std::optional<int64_t> seed, std::optional<int64_t> offset) {
     const int64_t num_samples = num_samples_in.expect_int();
     const RadialLayout lay = check_radial_args(loc_in, scale_in, num_samples, rowwise);
     const typename Backend::Guard guard(loc_in.device());
     const auto drawn = Backend::draw("radial_noise", generator, seed, offset, 2, loc_in.device());
     const at::Tensor loc = loc_in.contiguous(), scale = scale_in.contiguous();
     auto [out, coef] = allocate_radial_outputs(loc, num_samples, lay, rowwise);
-    if (num_samples * lay.groups > 0 && lay.length > 0) Backend::noise(out, coef, loc, scale, lay, drawn.seed);
-    return {out, coef, drawn.tensor()};
+    at::Tensor noise = save_noise ? at::empty_like(out) : at::empty({0}, out.options());
+    if (num_samples * lay.groups > 0 && lay.length > 0) Backend::noise(out, coef, noise, loc, scale, lay, drawn.seed);
+    return {out, coef, drawn.tensor(), noise};
   }
 
   static at::Tensor scale_grad(const at::Tensor& grad_in, const at::Tensor& coef_in, const at::Tensor& seed_offset,
-                               bool rowwise) {
+                               bool rowwise, const std::optional<at::Tensor>& noise_in) {
     constexpr const char* op = "radial_noise_scale_grad";
     const RadialLayout lay = check_radial_grad_args(grad_in, coef_in, rowwise);
+    at::Tensor noise;
+    if (noise_in.has_value() && noise_in->defined()) {
+      TORCH_CHECK(noise_in->sizes() == grad_in.sizes(), op, ": noise must have the shape of grad ", grad_in.sizes(),
+                  ", got ", noise_in->sizes());
+      TORCH_CHECK(noise_in->scalar_type() == grad_in.scalar_type(), op, ": noise must have grad's dtype ",
+                  grad_in.scalar_type(), ", got ", noise_in->scalar_type());
+      TORCH_CHECK(noise_in->device() == grad_in.device(), op, ": noise and grad must be on the same device");
+      noise = noise_in->contiguous();
+    }
     const typename Backend::Guard guard(grad_in.device());
     const auto so = Backend::read(op, seed_offset, 2, grad_in.device());
     const at::Tensor grad = grad_in.contiguous();
     const at::Tensor coef = coef_in.to(at::kDouble).contiguous();
     at::Tensor out = at::empty(grad.sizes().slice(1), grad.options());
-    if (lay.groups * lay.length > 0) Backend::scale_grad(out, grad, coef, lay, so);
+    if (lay.groups * lay.length > 0) Backend::scale_grad(out, grad, coef, noise, lay, so);
     return out;
   }
 };

@@ -85,6 +85,9 @@ def _(grad, loc, rho, prior_loc, prior_scale):
 def _sample_setup(ctx, inputs, keyword_only_inputs, output):
     loc, rho, prior_loc, prior_scale, num_samples = inputs[:5]
     out, noise, _, seed_offset = output
+    # outputs without a gradient reach the backward as None, not as zeros (a training step
+    # would zero-fill a noise-sized tensor just to ignore it)
+    ctx.set_materialize_grads(False)
     ctx.num_samples = out.shape[0]
     ctx.save_for_backward(rho, seed_offset, noise if noise.numel() else None, loc, prior_loc, prior_scale)
 

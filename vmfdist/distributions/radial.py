@@ -48,22 +48,24 @@ __all__ = ["Radial", "radial_noise", "kl_radial_radial"]
 
 
 def radial_noise(loc: torch.Tensor, scale: torch.Tensor, sample_shape=torch.Size(), rowwise: bool = False,
-                 generator: Optional[torch.Generator] = None) -> torch.Tensor:
+                 generator: Optional[torch.Generator] = None, save_noise: bool = False) -> torch.Tensor:
     r"""``loc + scale * eps / |eps| * r`` for each of ``sample_shape`` samples, in one fused op.
 
     ``|eps|`` is taken over the whole of ``loc.shape`` (one radius per sample), or over the
     last dimension only with ``rowwise=True`` (one radius per row; ``r`` then multiplies a
     uniform direction per row).  Differentiable in ``loc`` and ``scale``; the seed of the
     Philox streams is drawn inside the op from ``generator`` (default: the default generator of
-    ``loc``'s device; see :mod:`vmfdist.random`).
+    ``loc``'s device; see :mod:`vmfdist.random`).  The backward pass regenerates the normals
+    from the streams; with ``save_noise=True`` they are kept from the forward pass instead (one
+    more tensor of the output's size held until the backward; a faster backward, the same values).
     """
     loc, scale = torch.broadcast_tensors(torch.as_tensor(loc), torch.as_tensor(scale))
     dtype = torch.promote_types(loc.dtype, scale.dtype)
     if not dtype.is_floating_point:
         dtype = torch.get_default_dtype()
     loc, scale = loc.to(dtype), scale.to(dtype)
-    out, _, _ = call_sampler("radial_noise", lib.radial_noise, loc, scale, sample_shape=sample_shape,
-                             generator=generator, streams=2, rowwise=bool(rowwise))
+    out, _, _, _ = call_sampler("radial_noise", lib.radial_noise, loc, scale, sample_shape=sample_shape,
+                                generator=generator, streams=2, rowwise=bool(rowwise), save_noise=bool(save_noise))
     return out
 
 

@@ -51,8 +51,11 @@ class _Radial(_ScaledGaussianLayer):
         return None if self.bias_mu is None else Radial(self.bias_mu, self.bias_sigma, validate_args=False)
 
     def sample_weights(self, num_samples):
-        w = radial_noise(self.weight_mu, self.weight_sigma, (num_samples,))
-        b = None if self.bias_mu is None else radial_noise(self.bias_mu, self.bias_sigma, (num_samples,))
+        # in a training step keep the normals for the backward pass instead of regenerating them
+        keep = torch.is_grad_enabled() and (self.weight_mu.requires_grad or self.weight_rho.requires_grad)
+        w = radial_noise(self.weight_mu, self.weight_sigma, (num_samples,), save_noise=keep)
+        b = None if self.bias_mu is None else radial_noise(self.bias_mu, self.bias_sigma, (num_samples,),
+                                                            save_noise=keep)
         return w, b
 
     def kl_divergence(self):

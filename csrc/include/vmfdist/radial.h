@@ -13,7 +13,8 @@
 //   * its radius is the first double Box-Muller normal of stream (seed, offset + 1, t).
 // The sum of squares of a group is accumulated per chunk of kRadialChunk elements
 // and the chunk sums are added in order, so the result does not depend on the
-// thread count.  The backward pass regenerates eps from the same streams.
+// thread count.  The backward pass regenerates eps from the same streams, or reads them
+// from `noise` when the forward pass kept them (save_noise: same values, same bits).
 #pragma once
 
 #include <cstdint>
