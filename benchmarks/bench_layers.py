@@ -34,7 +34,7 @@ NAME = "layers"
 def add_args(p):
     """Options of this area (benchmarks/run.py adds --threads, --quick, --out, --report)."""
     p.add_argument("--rounds", type=int, default=None, help="rounds of the training-step jobs (default 20, quick 5)")
-    p.add_argument("--predict-rounds", type=int, default=None, help="rounds of the predict jobs (default 5, quick 2)")
+    p.add_argument("--predict-rounds", type=int, default=None, help="rounds of the predict jobs (default 10, quick 2)")
 
 
 def _step_fn(layer, x, ours, num_data=50000.0):
@@ -98,7 +98,7 @@ def run(args) -> dict:
     except Exception:  # optional peer
         bt = None
     rounds = args.rounds or (5 if args.quick else 20)
-    p_rounds = args.predict_rounds or (2 if args.quick else 5)
+    p_rounds = args.predict_rounds or (2 if args.quick else 10)
     result = {"meta": H.meta(args, packages=("bayesian-torch",), rounds=rounds, predict_rounds=p_rounds)}
     # every job twice: with glibc's default allocation behaviour (what a plain `python` gets),
     # then with a steady heap (harness.steady_heap), which takes page-fault luck out of the timings
