@@ -6,8 +6,11 @@ batch against a Python loop over samples.
     python -m benchmarks.bench_layers [--threads 2] [--quick] [--no-write]
 
 Writes docs/benchmarks/layers.{md,json} through benchmarks/harness.py.  All implementations of
-one job are timed in interleaved rounds (harness.time_rounds), so load changes on a shared
-machine hit all of them alike; the tables use the minimum over rounds.
+one job are timed in interleaved rounds (harness.time_rounds, each round in a new order), so load
+changes on a shared machine hit all of them alike; the tables use the minimum over rounds.  The
+whole set of jobs runs twice in the process: with glibc's default allocation behaviour, then with
+a steady heap (harness.steady_heap), because with the defaults a tensor of a few MB page-faults on
+some calls and not on others, which moved single ratios by 10-15% between runs.
 
 Jobs (float32, CPU):
   linear: batch 128, 512 -> 512;   conv: batch 32, 32 -> 64 channels, 3x3, padding 1, 16x16 images.
@@ -33,8 +36,8 @@ NAME = "layers"
 
 def add_args(p):
     """Options of this area (benchmarks/run.py adds --threads, --quick, --out, --report)."""
-    p.add_argument("--rounds", type=int, default=None, help="rounds of the training-step jobs (default 20, quick 5)")
-    p.add_argument("--predict-rounds", type=int, default=None, help="rounds of the predict jobs (default 10, quick 2)")
+    p.add_argument("--rounds", type=int, default=None, help="rounds of the training-step jobs (default 60, quick 5)")
+    p.add_argument("--predict-rounds", type=int, default=None, help="rounds of the predict jobs (default 20, quick 2)")
 
 
 def _step_fn(layer, x, ours, num_data=50000.0):
@@ -97,8 +100,8 @@ def run(args) -> dict:
         import bayesian_torch.layers as bt
     except Exception:  # optional peer
         bt = None
-    rounds = args.rounds or (5 if args.quick else 20)
-    p_rounds = args.predict_rounds or (2 if args.quick else 10)
+    rounds = args.rounds or (5 if args.quick else 60)
+    p_rounds = args.predict_rounds or (2 if args.quick else 20)
     result = {"meta": H.meta(args, packages=("bayesian-torch",), rounds=rounds, predict_rounds=p_rounds)}
     # every job twice: with glibc's default allocation behaviour (what a plain `python` gets),
     # then with a steady heap (harness.steady_heap), which takes page-fault luck out of the timings
