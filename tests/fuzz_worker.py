@@ -215,11 +215,7 @@ def special_reference(n):
 
 def _approx_mp(nu, z):
     """eq. (33) at mpmath precision: the mean of theorem 5's bounds."""
-    def b(alpha):
-        lam = nu + (mpf(alpha) - 1) / 2
-        delta = nu - mpf(1) / 2 + lam / (2 * mpmath.sqrt(lam * lam + z * z))
-        return z / (delta + mpmath.sqrt(delta * delta + z * z))
-    return (b(2) + b(0)) / 2
+    return (ref.bound5(nu, z, 2) + ref.bound5(nu, z, 0)) / 2
 
 
 def papers_reference(n):

@@ -66,6 +66,7 @@ __all__ = [
     "dratio",
     "log_iv_method",
     "ratio_bounds",
+    "bound5",
     "ReferenceError_",
 ]
 
@@ -477,6 +478,14 @@ def round_float32(x) -> float:
         return float(np.float32(y))  # exact (or overflow to inf)
 
 
+def bound5(nu, z, alpha):
+    """B_alpha(nu, z) of Ruiz-Antolin and Segura's theorem 5 (alpha = 0: upper bound, alpha = 2:
+    lower bound; their mean is eq. (33)) at the current mpmath precision, nu and z mpf."""
+    lam = nu + mpf(alpha - 1) / 2
+    delta = (nu - mpf(1) / 2) + lam / (2 * mpmath.sqrt(lam * lam + z * z))
+    return z / (delta + mpmath.sqrt(delta * delta + z * z))
+
+
 def ratio_bounds(nu, z, theorem: int, dps: int = 60):
     """(lower, upper): the formulas of Ruiz-Antolin and Segura's bounds on R_nu(z), theorem 4 or 5,
     evaluated in mpmath at `dps` digits and rationalised where they cancel -- the reference for how
@@ -490,9 +499,4 @@ def ratio_bounds(nu, z, theorem: int, dps: int = 60):
 
             return b4(mpf(1) / 2), b4(mpf(1))
 
-        def b5(alpha):
-            lam = nu + mpf(alpha - 1) / 2
-            delta = (nu - mpf(1) / 2) + lam / (2 * mpmath.sqrt(lam * lam + z * z))
-            return z / (delta + mpmath.sqrt(delta * delta + z * z))
-
-        return b5(2), b5(0)
+        return bound5(nu, z, 2), bound5(nu, z, 0)

@@ -131,14 +131,9 @@ def _series_mp(nu, z):
     """eq. (45) at 60 digits: log I_{nu - n}(z) + sum_j log((B_2 + B_0)/2 at order nu - j)."""
     with mp.workdps(60):
         nm, zm = mpf(nu), mpf(z)
-
-        def b(order, alpha):
-            lam = order + (mpf(alpha) - 1) / 2
-            delta = order - mpf(1) / 2 + lam / (2 * mpmath.sqrt(lam * lam + zm * zm))
-            return zm / (delta + mpmath.sqrt(delta * delta + zm * zm))
-
         n = math.floor(nu)
-        parts = [ref.log_iv(nu - n, z)] + [mpmath.log((b(nm - j, 2) + b(nm - j, 0)) / 2) for j in range(n)]
+        parts = [ref.log_iv(nu - n, z)] + [mpmath.log((ref.bound5(nm - j, zm, 2) + ref.bound5(nm - j, zm, 0)) / 2)
+                                            for j in range(n)]
         return sum(parts), sum(abs(p) for p in parts), n
 
 
@@ -218,11 +213,7 @@ def _bounds_mp_at(nu, zm, theorem):
     """The bounds' formulas at the current mpmath precision, z an mpf."""
     nm = mpf(nu)
     if theorem == 5:
-        def b(alpha):
-            lam = nm + (mpf(alpha) - 1) / 2
-            delta = nm - mpf(1) / 2 + lam / (2 * mpmath.sqrt(lam * lam + zm * zm))
-            return zm / (delta + mpmath.sqrt(delta * delta + zm * zm))
-        return b(2), b(0)
+        return ref.bound5(nm, zm, 2), ref.bound5(nm, zm, 0)
     c = [mpf(1) / 2, mpf(1)]
     return tuple(zm / (nm - ci + mpmath.sqrt((nm + ci) ** 2 + zm * zm)) for ci in c)
 

@@ -76,16 +76,28 @@ def test_layer_kind_learns_digits(digits, kind, opts):
 
 
 @pytest.mark.slow
-def test_rdp_double_grouping_learns_and_prunes(digits):
-    xtr, xte, ytr, yte = digits
-    torch.manual_seed(0)
-    model = vnn.to_bayesian(lenet(16, 32, 128), "rdp", grouping="double")
-    # the log-normal radius factors get a larger step (their prior pull is weak per step)
-    train(model, xtr, ytr, epochs=30, lr=5e-3, radius_lr=3e-2)
-    with vnn.deterministic(model, "mean"):
-        acc = float((model(xte).argmax(-1) == yte).float().mean())
-    assert acc >= 0.95
-    small = vnn.compress(model)
-    acc_small = float((small(xte).argmax(-1) == yte).float().mean())
-    assert acc_small >= acc - 0.01
+def test_rdp_double_grouping_learns_and_prunes():
+    """RDP with double grouping in every layer (the paper's pruning set-up) on the digits-pruning
+    experiment's network and settings (20-50-200-500, 60 epochs, the radius learning rate chosen
+    there on validation data), its first seed: at least 95 % test accuracy with the mean weights,
+    and the network compressed at the log-mode gaps keeps it within a point with under half the
+    parameters.  (This test used a 16-32-128 network with radius learning rate 3e-2; after the RDP
+    step rework that rate collapses some runs -- docs/experiments.md -- and on validation data
+    16-32-128 pruned less than half of its parameters at every rate tried.)"""
+    from vmfdist.experiments import digits, pruning
+
+    xtr, xte, ytr, yte = digits.load()
+    with digits.one_thread():
+        torch.manual_seed(0)
+        model = vnn.to_bayesian(digits.lenet5(), "rdp", grouping="double")
+        digits.train_elbo(model, xtr, ytr, 60, lr=5e-3, seed=0, radius_lr=pruning.RADIUS_LR)
+        thresholds = {f"{name}.{side}": vnn.gap_threshold(v) for name, d in vnn.log_modes(model).items()
+                      for side, v in d.items()}
+        small = vnn.compress(model, threshold=thresholds)
+        with torch.no_grad(), vnn.deterministic(model, "mean"):
+            correct = int((model(xte).argmax(-1) == yte).sum())
+            correct_small = int((small(xte).argmax(-1) == yte).sum())
+    n = len(yte)
+    assert correct >= 0.95 * n  # counts: 95 % of 360 is exactly 342
+    assert correct_small >= correct - 0.01 * n
     assert vnn.count_parameters(small) < 0.5 * vnn.count_parameters(model)
