@@ -965,3 +965,18 @@ def test_predict_sample_passes():
     assert torch.isfinite(p.sample_probs).all()
     with pytest.raises(ValueError, match="samples_per_pass"):
         vnn.predict(seq, torch.randn(5, 1, 4, 4), 7, samples_per_pass=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["meanfield", "radial", "rdp"])
+def test_predict_in_half_precision(dtype, kind):
+    """predict on half-precision models, a batch small enough for the per-example first-layer
+    draws (torch has no half gamma sampler: the Radial draws run in float32): finite
+    probabilities of the model's dtype that sum to one."""
+    torch.manual_seed(33)
+    model = vnn.to_bayesian(nn.Sequential(nn.Linear(64, 8), nn.ReLU(), nn.Linear(8, 3)).to(dtype), kind)
+    assert vnn.meanfield._local_is_cheaper(2, 64, 8, 16, per_example=9)
+    p = vnn.predict(model, torch.randn(2, 64, dtype=dtype), 16)
+    assert p.sample_probs.shape == (16, 2, 3) and p.probs.dtype == dtype
+    assert torch.isfinite(p.sample_probs).all()
+    torch.testing.assert_close(p.probs.float().sum(-1), torch.ones(2), rtol=0, atol=1e-2)

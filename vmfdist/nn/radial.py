@@ -155,7 +155,8 @@ class RadialLinear(_LinearOps, _Radial):
         ``(num_samples * B, out)``, sample-major."""
         self._check_input(x)
         s, bsz, n_out = num_samples, x.shape[0], self.out_features
-        fk = {"dtype": x.dtype, "device": x.device}
+        # the draws and the norm in float32 at least (torch has no half-precision gamma sampler)
+        fk = {"dtype": torch.promote_types(x.dtype, torch.float32), "device": x.device}
         mean = F.linear(x, self.weight_mu)  # (B, out)
         scale = F.linear(x * x, self.weight_sigma.square()).sqrt_()  # a_o = |x * sigma_o|, (B, out)
         g = torch.randn((s, bsz, n_out), **fk)
@@ -164,7 +165,7 @@ class RadialLinear(_LinearOps, _Radial):
         if rest:
             sumsq = sumsq + Chi2(torch.tensor(float(rest), **fk)).sample((s, bsz))
         coef = torch.randn((s, bsz), **fk).mul_(sumsq.rsqrt_())  # r / |eps|
-        out = torch.addcmul(mean, scale, g.mul_(coef.unsqueeze(-1)))  # (S, B, out)
+        out = torch.addcmul(mean, scale, g.mul_(coef.unsqueeze(-1)).to(x.dtype))  # (S, B, out)
         if self.bias_mu is not None:
             out += radial_noise(self.bias_mu, self.bias_sigma, (s,)).unsqueeze(1)
         return out.reshape(-1, n_out)
