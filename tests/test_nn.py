@@ -825,7 +825,7 @@ def test_predict_first_layer_local_reparameterisation_is_exact_per_example():
     torch.manual_seed(9)
     first = vnn.MeanFieldLinear(5, 3, dtype=DT, sigma_init=0.4)
     _perturb(first, 0.2)
-    assert vnn.meanfield._local_is_cheaper(2, 5, 3, 4000)
+    assert vnn._base._local_is_cheaper(2, 5, 3, 4000)
     x = torch.randn(2, 5, dtype=DT)
     with torch.no_grad():
         h = first._forward_shared(x, 4000).reshape(4000, 2, 3)
@@ -916,8 +916,8 @@ def test_predict_first_radial_layer_per_example_draw_is_exact():
     # the layer predict uses it for: stacked weights cost more here
     big = vnn.RadialLinear(12, 3, dtype=DT, sigma_init=0.5)
     _perturb(big, 0.3)
-    assert vnn.meanfield._local_is_cheaper(2, 12, 3, 20000, per_example=9)
-    assert not vnn.meanfield._local_is_cheaper(400, 12, 3, 20000, per_example=9)
+    assert vnn._base._local_is_cheaper(2, 12, 3, 20000, per_example=9)
+    assert not vnn._base._local_is_cheaper(400, 12, 3, 20000, per_example=9)
     x = torch.randn(2, 12, dtype=DT)
     n = 20000
     with torch.no_grad():
@@ -975,7 +975,7 @@ def test_predict_in_half_precision(dtype, kind):
     probabilities of the model's dtype that sum to one."""
     torch.manual_seed(33)
     model = vnn.to_bayesian(nn.Sequential(nn.Linear(64, 8), nn.ReLU(), nn.Linear(8, 3)).to(dtype), kind)
-    assert vnn.meanfield._local_is_cheaper(2, 64, 8, 16, per_example=9)
+    assert vnn._base._local_is_cheaper(2, 64, 8, 16, per_example=9)
     p = vnn.predict(model, torch.randn(2, 64, dtype=dtype), 16)
     assert p.sample_probs.shape == (16, 2, 3) and p.probs.dtype == dtype
     assert torch.isfinite(p.sample_probs).all()

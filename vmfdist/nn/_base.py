@@ -14,7 +14,10 @@ Several weight samples on one shared input (:meth:`BayesianModule._forward_share
 :func:`~vmfdist.nn.predict` for the first Bayesian layer of a model, whose input is the same
 for every sample): the input ``(B, ...)`` is not repeated; the ``S`` weight samples are applied
 by one matrix product against the stacked weights ``(S * out, in)`` (one convolution with
-``S * out`` output channels), and the result is returned sample-major, ``(S * B, ...)``.
+``S * out`` output channels), in passes bounded by memory (:func:`_pass_sizes`), and the result
+is returned sample-major, ``(S * B, ...)``; linear layers with an exact per-example draw
+(mean-field, Radial: ``_per_example_draws``) use it instead for a batch of vectors when it costs
+less (:func:`_local_is_cheaper`).
 """
 from __future__ import annotations
 
@@ -269,15 +272,33 @@ class BayesianModule(nn.Module):
             return self._apply_weights(x, w.view(w.shape[1:]), None if b is None else b.view(b.shape[1:]))
         return self._apply_folded(x, w, b, num_samples)
 
+    #: Linear layers whose outputs for one example can be drawn exactly without weight samples
+    #: (:meth:`_sample_per_example`) set this to the random draws that costs per sample and
+    #: example beyond one normal per output, counted in normals; None: no such draw.
+    _per_example_draws: Optional[int] = None
+
+    def _sample_per_example(self, x: torch.Tensor, num_samples: int) -> torch.Tensor:  # pragma: no cover
+        """``num_samples`` draws of the outputs for a batch of vectors ``x`` ``(B, in)``, each example
+        from its exact distribution, independently per sample and example, as ``(num_samples * B,
+        out)``, sample-major (for the layers that set :attr:`_per_example_draws`)."""
+        raise NotImplementedError
+
     def _forward_shared(self, x: torch.Tensor, num_samples: int, samples_per_pass: Optional[int] = None) -> torch.Tensor:
         """``num_samples`` independent evaluations of the layer on the same input ``x`` (a batch
         of ``B``), returned sample-major as ``(num_samples * B, ...)``: what the folded evaluation
-        gives for ``x`` repeated ``num_samples`` times, without repeating it.  The weight samples
-        are drawn and applied in passes of at most ``samples_per_pass`` (default:
-        :func:`_pass_sizes`)."""
+        gives for ``x`` repeated ``num_samples`` times, without repeating it.  A layer with a
+        per-example draw uses it for a batch of vectors when :func:`_local_is_cheaper`; otherwise
+        the weight samples are drawn and applied in passes of at most ``samples_per_pass``
+        (default: :func:`_pass_sizes`).  Every example's outputs have the same distribution
+        either way; only the dependence between examples through a shared weight sample is dropped
+        by the per-example draw, which no per-example quantity sees."""
         if self._mode != "sample":
             y = self.forward(x)
             return y.unsqueeze(0).expand((num_samples,) + tuple(y.shape)).reshape((-1,) + tuple(y.shape[1:]))
+        if (self._per_example_draws is not None and x.dim() == 2
+                and _local_is_cheaper(x.shape[0], self.in_features, self.out_features, num_samples,
+                                      per_example=self._per_example_draws)):
+            return self._sample_per_example(x, num_samples)
         outs = []
         for c in _pass_sizes(num_samples, self._sample_bytes(), x.device, samples_per_pass):
             w, b = self.sample_weights(c)
@@ -295,6 +316,16 @@ class BayesianModule(nn.Module):
             raise ValueError(f"input: the batch dimension ({x.shape[0]}) must hold num_samples={num_samples} stacked "
                              "copies of the batch")
         return x.shape[0] // num_samples
+
+
+def _local_is_cheaper(batch, n_in, n_out, num_samples, normal_cost=16, per_example=0):
+    """Whether a per-example draw (two products with the input, a normal per output, and
+    ``per_example`` normals' worth of other draws per sample and example) costs less than the
+    stacked weights (one product with ``S`` times the outputs, a normal per weight), counting a
+    normal as ``normal_cost`` multiply-adds."""
+    local = 2 * batch * n_in * n_out + normal_cost * num_samples * batch * (n_out + per_example)
+    stacked = num_samples * batch * n_in * n_out + normal_cost * num_samples * n_in * n_out
+    return local < stacked
 
 
 #: On the CPU, :func:`~vmfdist.nn.predict` draws and applies the weight samples of a layer in

@@ -115,26 +115,6 @@ class _MeanField(_ScaledGaussianLayer):
             kl = kl + lib.meanfield_kl(self.bias_mu, self.bias_rho, mb, sb)
         return kl
 
-    def _forward_shared(self, x, num_samples, samples_per_pass=None):
-        r"""Samples on a shared input: for a linear layer on a batch of vectors ``(B, in)`` the
-        local reparameterisation, drawn independently per sample and example -- for one example,
-        each weight enters its pre-activations once, so they are exactly
-        :math:`\mathcal N(x\mu^T + \mu_b, x^2\sigma^{2T} + \sigma_b^2)`, independent across output
-        units: the same distribution as with sampled weights (examples are no longer correlated
-        through a shared weight sample, which no per-example quantity sees).  It costs two
-        products with the input instead of ``S``, and normals per output instead of per weight,
-        and is used when that is cheaper.  Otherwise (convolutions, inputs with more dimensions,
-        posterior mean / mode) the stacked weights."""
-        if (self._mode != "sample" or not isinstance(self, MeanFieldLinear) or x.dim() != 2
-                or not _local_is_cheaper(x.shape[0], self.in_features, self.out_features, num_samples)):
-            return super()._forward_shared(x, num_samples, samples_per_pass)
-        self._check_input(x)
-        mean = F.linear(x, self.weight_mu, self.bias_mu)
-        var = F.linear(x * x, self.weight_sigma.square(), None if self.bias_mu is None else self.bias_sigma.square())
-        std = var.clamp_min(torch.finfo(var.dtype).tiny).sqrt_()
-        eps = torch.randn((num_samples,) + tuple(mean.shape), dtype=mean.dtype, device=mean.device)
-        return torch.addcmul(mean, std, eps).reshape((-1, self.out_features))
-
     # ---- estimators --------------------------------------------------------------
     def _forward_sample(self, x, num_samples):
         if self.estimator == "reparam":
@@ -171,16 +151,6 @@ def _rademacher(shape, dtype, device):
     words = torch.randint(0, 2 ** 32, ((n + 31) // 32, 1), dtype=torch.int64, device=device)
     bits = (words >> torch.arange(32, device=device)) & 1
     return bits.reshape(-1)[:n].reshape(shape).to(dtype).mul_(2).sub_(1)
-
-
-def _local_is_cheaper(batch, n_in, n_out, num_samples, normal_cost=16, per_example=0):
-    """Whether the local reparameterisation (two products with the input, a normal per output,
-    and ``per_example`` normals' worth of other draws per sample and example) costs less than the
-    stacked weights (one product with ``S`` times the outputs, a normal per weight), counting a
-    normal as ``normal_cost`` multiply-adds."""
-    local = 2 * batch * n_in * n_out + normal_cost * num_samples * batch * (n_out + per_example)
-    stacked = num_samples * batch * n_in * n_out + normal_cost * num_samples * n_in * n_out
-    return local < stacked
 
 
 class _KLCache:
@@ -266,6 +236,22 @@ class MeanFieldLinear(_LinearOps, _MeanField):
         if per_row:
             return b.reshape((b.shape[0],) + (1,) * (out.dim() - 2) + (b.shape[-1],))
         return b
+
+    #: the local reparameterisation: one normal per output, nothing else
+    _per_example_draws = 0
+
+    def _sample_per_example(self, x, num_samples):
+        r"""The local reparameterisation on a batch of vectors ``(B, in)``, drawn independently per
+        sample and example -- for one example each weight enters its pre-activations once, so they
+        are exactly :math:`\mathcal N(x\mu^T + \mu_b, x^2\sigma^{2T} + \sigma_b^2)`, independent
+        across output units: the same distribution as with sampled weights.  Two products with the
+        input instead of ``S``, normals per output instead of per weight."""
+        self._check_input(x)
+        mean = F.linear(x, self.weight_mu, self.bias_mu)
+        var = F.linear(x * x, self.weight_sigma.square(), None if self.bias_mu is None else self.bias_sigma.square())
+        std = var.clamp_min(torch.finfo(var.dtype).tiny).sqrt_()
+        eps = torch.randn((num_samples,) + tuple(mean.shape), dtype=mean.dtype, device=mean.device)
+        return torch.addcmul(mean, std, eps).reshape((-1, self.out_features))
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -74,9 +74,15 @@ def _folded(model: torch.nn.Module, num_samples: int):
             m._num_samples = n
 
 
-def _check_sample_args(x, num_samples) -> None:
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+def _check_positive_int(name: str, value, allowed: str = "a positive int") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+def _check_sample_args(x, num_samples, samples_per_pass=None) -> None:
+    _check_positive_int("num_samples", num_samples)
+    if samples_per_pass is not None:
+        _check_positive_int("samples_per_pass", samples_per_pass, "a positive int or None")
     if not isinstance(x, torch.Tensor) or x.dim() < 1:
         raise ValueError("x must be a tensor with a batch dimension")
 
@@ -137,10 +143,7 @@ def _predictive_forward(model: torch.nn.Module, x: torch.Tensor, num_samples: in
     the stacked weights, :func:`~vmfdist.nn._base._pass_sizes`).  Each example's outputs have the
     distribution they have under :func:`sample_forward`; for use without gradients, in eval mode
     (where the modules before the first Bayesian layer are deterministic)."""
-    _check_sample_args(x, num_samples)
-    if samples_per_pass is not None and (isinstance(samples_per_pass, bool) or not isinstance(samples_per_pass, int)
-                                         or samples_per_pass < 1):
-        raise ValueError(f"samples_per_pass must be a positive int or None, got {samples_per_pass!r}")
+    _check_sample_args(x, num_samples, samples_per_pass)
     found = _shared_prefix(model)
     if found is None:
         passes = _pass_sizes(num_samples, _max_sample_bytes(model), x.device, samples_per_pass)

@@ -30,7 +30,7 @@ from torch.distributions import Chi2
 from .._ops import lib
 from ..distributions import Radial, radial_noise
 from ._base import _ConvOps, _LinearOps, _ScaledGaussianLayer, _conv_repr, _conv_setup, _linear_setup, kl_to_prior
-from .meanfield import _fusable, _local_is_cheaper
+from .meanfield import _fusable
 
 __all__ = ["RadialLinear", "RadialConv2d"]
 
@@ -127,10 +127,14 @@ class RadialLinear(_LinearOps, _Radial):
         wshape = _linear_setup(self, in_features, out_features)
         self._init_posterior(wshape, bias, prior, bias_prior, sigma_init, prior_kl_samples, device, dtype)
 
-    def _forward_shared(self, x, num_samples, samples_per_pass=None):
-        r"""Samples on a shared input: for a batch of vectors ``(B, in)``, each example's outputs
-        drawn exactly from their joint distribution under the Radial posterior, independently per
-        sample and example, without forming weight samples.
+    #: the per-example draw below: per sample and example, a normal per output, the radius and a
+    #: chi-square (a gamma draw counted as eight normals)
+    _per_example_draws = 9
+
+    def _sample_per_example(self, x, num_samples):
+        r"""Each example's outputs for a batch of vectors ``(B, in)`` drawn exactly from their joint
+        distribution under the Radial posterior, independently per sample and example, without
+        forming weight samples; ``(num_samples * B, out)``, sample-major.
 
         For one example :math:`x` the noise part of output :math:`o` is
         :math:`\frac{r}{\|\epsilon\|}\sum_j x_j\sigma_{oj}\epsilon_{oj}`.  The vectors
@@ -141,18 +145,7 @@ class RadialLinear(_LinearOps, _Radial):
         :math:`Q \sim \chi^2_{D - out}` (the rest of :math:`\epsilon`, independent of the
         :math:`g_o`).  So :math:`y_o = x\mu_o^T + a_o g_o\, r / \sqrt{\sum_o g_o^2 + Q} + b_o`:
         two products with the input instead of ``S``, and ``out + 2`` draws per sample and example
-        instead of one normal per weight (the bias is sampled per sample as usual).  Used when that
-        is cheaper (a gamma draw counted as eight normals); otherwise, and for inputs with more
-        dimensions (whose rows share one weight sample) or in mean / mode, the stacked weights."""
-        if (self._mode != "sample" or x.dim() != 2
-                or not _local_is_cheaper(x.shape[0], self.in_features, self.out_features, num_samples,
-                                         per_example=9)):
-            return super()._forward_shared(x, num_samples, samples_per_pass)
-        return self._sample_per_example(x, num_samples)
-
-    def _sample_per_example(self, x, num_samples):
-        """The per-example draw of :meth:`_forward_shared` for ``x`` of shape ``(B, in)``, as
-        ``(num_samples * B, out)``, sample-major."""
+        instead of one normal per weight (the bias is sampled per sample as usual)."""
         self._check_input(x)
         s, bsz, n_out = num_samples, x.shape[0], self.out_features
         # the draws and the norm in float32 at least (torch has no half-precision gamma sampler)

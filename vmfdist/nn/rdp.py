@@ -163,6 +163,12 @@ class _FactorKL(torch.autograd.Function):
         return tuple(grad * t if n else None for t, n in zip(grads, need)) + (None,) * 5
 
 
+def _scale_fresh(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """``x * factor`` for a freshly drawn ``x``; without autograd (predict) in place: for a large
+    layer a second stack of samples costs more in first-touch page faults than the product."""
+    return x.mul_(factor) if not torch.is_grad_enabled() else x * factor
+
+
 class _RDPFactor(nn.Module):
     """One grouping (rows or columns) of an RDP layer: G groups of dimension d."""
 
@@ -266,10 +272,7 @@ class _RDPFactor(nn.Module):
         # log r = (log a + log b + log s_a + log s_b) / 2, each loc + scale * eps
         local = torch.addcmul(lr[:2].unsqueeze(1), F.softplus(lr[2:]).unsqueeze(1), eps[:2])  # (2, S, G)
         glob = torch.addcmul(gr[:2, None, None], F.softplus(gr[2:])[:, None, None], eps[2:, :, :1])  # (2, S, 1)
-        r = (0.5 * (local.sum(0) + glob.sum(0))).exp().unsqueeze(-1)
-        # without autograd (predict), scale the fresh sample in place: for a large layer a second
-        # (S, G, d) tensor costs more in first-touch page faults than the multiplication itself
-        return x.mul_(r) if not torch.is_grad_enabled() else x * r
+        return _scale_fresh(x, (0.5 * (local.sum(0) + glob.sum(0))).exp().unsqueeze(-1))
 
     def point(self, use):
         m, v = self._log_radius_moments()
@@ -406,7 +409,7 @@ class _RDP(BayesianModule):
             w = self.row.sample(n).reshape((n,) + tuple(self.weight_shape))
         if self.column is not None:
             c = self._from_cols(self.column.sample(n), (n,))
-            w = c if w is None else (w.mul_(c) if not torch.is_grad_enabled() else w * c)
+            w = c if w is None else _scale_fresh(w, c)
         return w
 
     def _point_weight(self, use):
