@@ -33,13 +33,52 @@ def pytest_configure(config):
         os.environ.setdefault("VMFDIST_HYPOTHESIS_EXAMPLES", SLOW_HYPOTHESIS_EXAMPLES)
 
 
+# VMFDIST_REQUIRE_GPU=1 (scripts/gpu_check.sh sets it): a test that needs a GPU and skips is a
+# failure, and the run stops at once if torch sees no GPU or the CUDA kernels were not built.  Not
+# to be confused with VMFDIST_REQUIRE_CUDA, the build-time switch that makes a missing CUDA
+# toolkit an error (CI sets that one, on a machine without a GPU).
+REQUIRE_GPU = os.environ.get("VMFDIST_REQUIRE_GPU", "0") == "1"
+
+
+def _needs_gpu(item) -> bool:
+    """A test runs on the GPU when its name or parameters say cuda (``cpu_and_cuda()`` ids,
+    ``test_cuda_*``), it skips for want of CUDA, or it is marked ``cuda``."""
+    if "cuda" in item.name.lower() or item.get_closest_marker("cuda") is not None:
+        return True
+    return any("cuda" in str(m.kwargs.get("reason", "")).lower() for m in item.iter_markers("skipif"))
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:  # `pytest -m cuda` selects every test that needs a GPU
+        if _needs_gpu(item) and item.get_closest_marker("cuda") is None:
+            item.add_marker(pytest.mark.cuda)
     if config.getoption("--slow"):
         return
     skip = pytest.mark.skip(reason="slow; run with --slow")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_sessionstart(session):
+    if not REQUIRE_GPU:
+        return
+    import vmfdist  # noqa: F401  (loads the extension)
+
+    if not torch.cuda.is_available():
+        pytest.exit("VMFDIST_REQUIRE_GPU=1 but torch sees no GPU", returncode=3)
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("vmfdist::log_bessel_iv", "CUDA"):
+        pytest.exit("VMFDIST_REQUIRE_GPU=1 but vmfdist was built without its CUDA kernels", returncode=3)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if REQUIRE_GPU and rep.skipped and item.get_closest_marker("cuda") is not None and "--slow" not in str(
+            rep.longrepr):
+        rep.outcome = "failed"
+        rep.longrepr = f"VMFDIST_REQUIRE_GPU=1: a GPU test skipped ({rep.longrepr})"
 
 
 @pytest.fixture(autouse=True)
