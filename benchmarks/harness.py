@@ -71,12 +71,26 @@ def jax_tfp():
 
             jax.config.update("jax_enable_x64", True)
             jax.config.update("jax_platforms", "cuda,cpu" if torch.cuda.is_available() else "cpu")
+            _tfp_jax_shim(jax)
             from tensorflow_probability.substrates import jax as tfp
 
             _JAX.update(jax=jax, tfp=tfp)
         except Exception as e:  # depends on the environment
             _JAX.update(jax=None, tfp=None, error=f"{type(e).__name__}: {e}")
     return _JAX["jax"], _JAX["tfp"]
+
+
+def _tfp_jax_shim(jax) -> None:
+    """TFP 0.25.0 (the newest release) registers its variable type in
+    ``jax.interpreters.xla.pytype_aval_mappings``, which jax 0.7 removed (the table lives on in
+    ``jax._src.core``): alias it, so that TFP's JAX substrate imports with a current jax (the GPU
+    machine's 0.11; tested with 0.10.2 here).  Nothing is changed where the attribute exists."""
+    import jax.interpreters.xla as xla
+
+    if not hasattr(xla, "pytype_aval_mappings"):
+        from jax._src import core
+
+        xla.pytype_aval_mappings = core.pytype_aval_mappings
 
 
 def versions(*packages: str) -> Dict[str, str]:

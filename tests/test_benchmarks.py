@@ -130,3 +130,18 @@ def test_driver_runs_an_area_end_to_end(tmp_path, monkeypatch):
     assert "| sample (forward) |" in md and "| sample fwd+bwd |" in md
     assert R.main(["radial", "--report", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "radial.md").read_text() == md
+
+
+def test_gpu_area_runs_on_the_cpu(tmp_path):
+    """The GPU check's benchmark (benchmarks/bench_gpu.py) through every job on the CPU, as
+    scripts/gpu_check.sh --dry-run rehearses it: a table per job, times positive."""
+    pytest.importorskip("vmfdist._C")
+    R.main(["gpu", "--device", "cpu", "--quick", "--rounds", "1", "--lenet-steps", "1", "--out", str(tmp_path)])
+    res = H.load_json(str(tmp_path / "gpu.json"))
+    for job in ("bandwidth", "fused", "vmf", "kron", "layers", "optim", "lenet"):
+        assert job in res, job
+    assert res["bandwidth"]["Bps"] > 0 and all(r["impls"]["vmfdist"]["min"] > 0 for r in res["fused"] + res["vmf"])
+    assert set(res["lenet"]) >= {"deterministic (Adam)", "radial", "rdp double", "noisy K-FAC", "noisy EK-FAC"}
+    md = (tmp_path / "gpu.md").read_text()
+    for title in ("Fused ops", "vMF sampling", "Kronecker op", "Layer training step: conv", "LeNet-5-Caffe"):
+        assert title in md
