@@ -3,10 +3,11 @@
 #   make test   -- build everything and run the test suite (what CI runs)
 #   make docs   -- build the Sphinx documentation into docs/_build/html (scripts/docs.sh)
 #   make bench  -- run every benchmark and rewrite docs/benchmarks (benchmarks/README.md)
+#   make gpu-check -- on a machine with a GPU: build, test, sanitize, benchmark (scripts/gpu_check.sh)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-slow bench docs clean
+.PHONY: setup demo test test-slow bench docs clean gpu-check gpu-check-dry-run
 
 setup:
 	bash scripts/setup.sh
@@ -26,6 +27,14 @@ bench: setup
 # Sphinx lives in .venv-docs; torch comes from $(VENV) through a .pth file (no second torch).
 docs: setup
 	VENV=$(VENV) bash scripts/docs.sh
+
+# The GPU check runs against the python that holds the machine's torch (no venv, no download);
+# the dry run rehearses it here (PYTHON=... picks the torch to rehearse against).
+gpu-check:
+	bash scripts/gpu_check.sh
+
+gpu-check-dry-run:
+	bash scripts/gpu_check.sh --dry-run --python $${PYTHON:-$(PY)}
 
 clean:
 	rm -rf build *.egg-info vmfdist/*.so

@@ -1,0 +1,245 @@
+#!/usr/bin/env bash
+# The GPU check: build, test, sanitize and benchmark every CUDA kernel in one go, within the few
+# minutes a GPU machine is lent (docs/install.md, "The GPU check").
+#
+#   bash scripts/gpu_check.sh                 # on a machine with an NVIDIA GPU (no network needed)
+#   bash scripts/gpu_check.sh --dry-run       # rehearsal on a machine without one (see below)
+#   make gpu-check                            # the same as the first line
+#
+# Stages, each under its own time limit so that one hang cannot eat the lease:
+#   env       what the machine has (GPU, driver, torch, nvcc, compute-sanitizer), and the carried
+#             wheels (gpu_wheels/, made by scripts/gpu_wheels.sh) installed into a private folder
+#   build     the extension, in place, for the GPU found only (e.g. TORCH_CUDA_ARCH_LIST=9.0),
+#             with every core, against the torch that is installed (nothing is downloaded)
+#   test      every test that needs a GPU (pytest -m cuda, VMFDIST_REQUIRE_GPU=1: a GPU test that
+#             skips fails): CPU<->GPU agreement of every op and distribution, no host syncs,
+#             torch.compile and CUDA-graph capture, indices past 2**31
+#   sanitize  compute-sanitizer memcheck, racecheck, synccheck and initcheck over
+#             scripts/gpu_kernels.py (every op on empty, one-element, odd, strided and broadcast inputs)
+#   bench     python -m benchmarks.run gpu (fused ops vs composites and TFP-JAX, bandwidth bounds,
+#             layer and noisy K-FAC steps vs the deterministic step and bayesian-torch, LeNet-5 epochs)
+#
+# Everything lands in $OUT if set (the device tool brings it back), else gpu_check_out/: at most
+# eight files -- summary.md (one line per stage, the failures' tails, the benchmark tables),
+# timings.json, bench.md, bench.json and logs.tar.gz (every log, the test report, the env).
+#
+# Options: --dry-run; --stages env,build,test,sanitize,bench (a subset, in this order);
+# --python PY (default: python3, or $PYTHON).  Stage limits (seconds) can be changed with
+# GPU_CHECK_LIMIT_<STAGE>=N, e.g. GPU_CHECK_LIMIT_BENCH=120.
+#
+# --dry-run (no GPU): copies the tracked tree to a scratch folder and there builds for sm_90
+# (TORCH_CUDA_ARCH_LIST=9.0, as on an H100/H200) against the given python's torch, collects the
+# GPU tests, runs the sanitizer's driver and the benchmark on the CPU (--device cpu --quick),
+# checks that the wheels in gpu_wheels/ are complete for the GPU machine (Python 3.12), and
+# prints the command to give the GPU machine.  Run it against torch 2.11 (the GPU machine's) with
+# --python pointing at an environment that has it.
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+DRY=0
+STAGES="env,build,test,sanitize,bench"
+PY="${PYTHON:-python3}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) DRY=1 ;;
+    --stages) STAGES="$2"; shift ;;
+    --stages=*) STAGES="${1#*=}" ;;
+    --python) PY="$2"; shift ;;
+    --python=*) PY="${1#*=}" ;;
+    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+PY="$(command -v "$PY" || echo "$PY")"
+OUTDIR="${OUT:-$ROOT/gpu_check_out}"
+mkdir -p "$OUTDIR"
+OUTDIR="$(cd "$OUTDIR" && pwd)"
+LOGS="$(mktemp -d /tmp/vmfdist-gpu-logs.XXXXXX)"
+SUMMARY="$OUTDIR/summary.md"
+: > "$LOGS/stages.tsv"
+T_ALL=$(date +%s)
+
+limit() {  # the time limit of a stage: GPU_CHECK_LIMIT_<STAGE>, else the default given
+  local var="GPU_CHECK_LIMIT_$(echo "$1" | tr a-z A-Z)"
+  echo "${!var:-$2}"
+}
+
+# run_stage NAME LIMIT_S CMD...: runs CMD under `timeout`, logs to $LOGS/NAME.log, records
+# NAME, rc and seconds; rc 124/137 means the stage hit its limit.
+run_stage() {
+  local name="$1" lim="$2"; shift 2
+  local t0 rc
+  t0=$(date +%s)
+  echo "=== $name (limit ${lim}s): $*" | tee -a "$LOGS/all.log"
+  timeout --kill-after=15 "$lim" "$@" > "$LOGS/$name.log" 2>&1
+  rc=$?
+  local dt=$(( $(date +%s) - t0 ))
+  tail -n 5 "$LOGS/$name.log" | sed 's/^/    /'
+  echo "=== $name: rc=$rc, ${dt}s" | tee -a "$LOGS/all.log"
+  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$dt" "$lim" >> "$LOGS/stages.tsv"
+  return $rc
+}
+
+want() { [[ ",$STAGES," == *",$1,"* ]]; }
+
+# ------------------------------------------------------------------------------ where we run
+if [ "$DRY" = 1 ]; then
+  WORK="$(mktemp -d /tmp/vmfdist-gpu-dry.XXXXXX)"
+  (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$WORK")
+  [ -d "$ROOT/gpu_wheels" ] && cp -r "$ROOT/gpu_wheels" "$WORK/"
+  echo "dry run in $WORK (a copy of the tracked tree), python $PY"
+else
+  WORK="$ROOT"
+fi
+cd "$WORK" || exit 2
+export PYTHONPATH="$WORK${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+NPROC=$(nproc)
+
+# ------------------------------------------------------------------------------ env
+stage_env() {
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "git: $(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo '?')"
+  echo "python: $PY ($("$PY" --version 2>&1))"
+  command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap \
+    --format=csv || echo "nvidia-smi: not found"
+  local nvcc="${CUDA_HOME:-/usr/local/cuda}/bin/nvcc"
+  [ -x "$nvcc" ] || nvcc="$(command -v nvcc || true)"
+  [ -n "$nvcc" ] && "$nvcc" --version | tail -n 2 || echo "nvcc: not found"
+  local cs="${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer"
+  [ -x "$cs" ] || cs="$(command -v compute-sanitizer || true)"
+  echo "compute-sanitizer: ${cs:-not found}"
+  if [ "$DRY" = 1 ]; then
+    echo "dry run: the carried wheels are for the GPU machine's Python 3.12, not installed here (the wheels stage checks them)"
+  elif ls gpu_wheels/*.whl > /dev/null 2>&1; then
+    # the peers the machine lacks, carried as wheels (scripts/gpu_wheels.sh); --no-deps: the
+    # set is complete (checked by the dry run), and nothing of the image is replaced
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/vmfdist-gpu-site gpu_wheels/*.whl || return 1
+    echo "installed $(ls gpu_wheels/*.whl | wc -l) carried wheels into /tmp/vmfdist-gpu-site"
+  else
+    echo "no carried wheels (gpu_wheels/ is empty): peers the machine lacks are left out of the benchmarks"
+  fi
+  "$PY" - <<'PYEOF'
+import importlib, torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "gpu available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print("gpu", p.name, f"sm_{p.major}{p.minor}", f"{p.total_memory / 2**30:.1f} GiB", p.multi_processor_count, "SMs")
+for m in ("numpy", "scipy", "mpmath", "hypothesis", "pytest", "jax", "tensorflow_probability", "power_spherical",
+          "bayesian_torch", "laplace", "curvlinops", "backpack"):
+    try:
+        mod = importlib.import_module(m)
+        print(f"{m}: {getattr(mod, '__version__', 'present')}")
+    except Exception as e:
+        print(f"{m}: unavailable ({type(e).__name__}: {str(e)[:120]})")
+PYEOF
+}
+if want env; then
+  [ -d /tmp/vmfdist-gpu-site ] && rm -rf /tmp/vmfdist-gpu-site
+  run_stage env "$(limit env 60)" bash -c "$(declare -f stage_env); PY='$PY'; ROOT='$ROOT'; DRY='$DRY'; stage_env"
+fi
+[ -d /tmp/vmfdist-gpu-site ] && export PYTHONPATH="$PYTHONPATH:/tmp/vmfdist-gpu-site"
+
+# ------------------------------------------------------------------------------ build
+if [ "$DRY" = 1 ]; then
+  ARCH="9.0"
+else
+  ARCH="$("$PY" -c 'import torch; c = torch.cuda.get_device_capability(); print(f"{c[0]}.{c[1]}")' 2>/dev/null)"
+fi
+if want build; then
+  if [ -z "$ARCH" ]; then
+    echo "no GPU visible to torch: nothing to build for (use --dry-run on a machine without a GPU)" | tee -a "$LOGS/all.log"
+    printf 'build\t3\t0\t0\n' >> "$LOGS/stages.tsv"
+  else
+    export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS="$NPROC" VMFDIST_REQUIRE_CUDA=1
+    # torch's build runs the first ninja on PATH: the python's own (pip's ninja) when it has one
+    PATH="$(dirname "$PY"):$PATH" run_stage build "$(limit build $([ "$DRY" = 1 ] && echo 2400 || echo 240))" \
+      "$PY" setup.py -q build_ext --inplace --build-temp build-gpu/temp
+  fi
+fi
+
+# ------------------------------------------------------------------------------ test
+if want test; then
+  if [ "$DRY" = 1 ]; then
+    run_stage test "$(limit test 300)" "$PY" -m pytest -q -p no:cacheprovider --collect-only -m cuda tests
+  else
+    VMFDIST_REQUIRE_GPU=1 run_stage test "$(limit test 300)" "$PY" -m pytest -q -p no:cacheprovider -m cuda \
+      -o junit_family=xunit2 --junitxml="$LOGS/tests.xml" --maxfail=50 tests
+  fi
+fi
+
+# ------------------------------------------------------------------------------ sanitize
+if want sanitize; then
+  if [ "$DRY" = 1 ]; then
+    run_stage sanitize "$(limit sanitize 300)" "$PY" scripts/gpu_kernels.py --device cpu
+  else
+    CS="${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer"
+    [ -x "$CS" ] || CS="$(command -v compute-sanitizer || echo compute-sanitizer)"
+    for tool in memcheck racecheck synccheck initcheck; do
+      # only the kernels of vmfdist (their names contain the namespace); memcheck without the
+      # caching allocator, so that a read past a tensor's end is past an allocation's end too
+      PYTORCH_NO_CUDA_MEMORY_CACHING=$([ $tool = memcheck ] && echo 1 || echo 0) \
+        run_stage "sanitize-$tool" "$(limit sanitize 75)" "$CS" --tool "$tool" --kernel-name kns=vmfdist \
+        --error-exitcode 99 --print-limit 20 "$PY" scripts/gpu_kernels.py --sizes 0 1 3 37 1031
+    done
+  fi
+fi
+
+# ------------------------------------------------------------------------------ bench
+if want bench; then
+  if [ "$DRY" = 1 ]; then
+    run_stage bench "$(limit bench 420)" "$PY" -m benchmarks.run gpu --device cpu --quick --out "$LOGS/bench"
+  else
+    run_stage bench "$(limit bench 240)" "$PY" -m benchmarks.run gpu --threads "$NPROC" --out "$LOGS/bench"
+  fi
+  [ -f "$LOGS/bench/gpu.md" ] && cp "$LOGS/bench/gpu.md" "$OUTDIR/bench.md"
+  [ -f "$LOGS/bench/gpu.json" ] && cp "$LOGS/bench/gpu.json" "$OUTDIR/bench.json"
+fi
+
+# ------------------------------------------------------------------------------ wheels (dry run)
+if [ "$DRY" = 1 ]; then
+  run_stage wheels "$(limit wheels 60)" bash "$ROOT/scripts/gpu_wheels.sh" --check
+fi
+
+# ------------------------------------------------------------------------------ summary
+TOTAL=$(( $(date +%s) - T_ALL ))
+"$PY" - "$LOGS" "$OUTDIR" "$TOTAL" "$DRY" <<'PYEOF'
+import json, os, sys
+logs, out, total, dry = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+rows = [l.rstrip("\n").split("\t") for l in open(os.path.join(logs, "stages.tsv")) if l.strip()]
+stages = [{"stage": n, "rc": int(rc), "seconds": int(s), "limit": int(lim)} for n, rc, s, lim in rows]
+json.dump({"dry_run": dry, "total_seconds": total, "stages": stages}, open(os.path.join(out, "timings.json"), "w"),
+          indent=1)
+L = [f"# GPU check{' (dry run)' if dry else ''}", "", f"Total {total} s.", "",
+     "| stage | result | seconds | limit |", "|---|---|---|---|"]
+for s in stages:
+    res = "ok" if s["rc"] == 0 else "TIMED OUT" if s["rc"] in (124, 137) else f"FAILED (rc {s['rc']})"
+    L.append(f"| {s['stage']} | {res} | {s['seconds']} | {s['limit']} |")
+env = os.path.join(logs, "env.log")
+if os.path.exists(env):
+    L += ["", "## Environment", "", "```", open(env).read().strip(), "```"]
+for s in stages:
+    log = os.path.join(logs, s["stage"] + ".log")
+    if os.path.exists(log) and (s["rc"] != 0 or s["stage"] in ("test",) or s["stage"].startswith("sanitize")):
+        tail = open(log, errors="replace").read().strip().splitlines()[-40:]
+        L += ["", f"## {s['stage']} (last lines)", "", "```", *tail, "```"]
+bench = os.path.join(out, "bench.md")
+if os.path.exists(bench):
+    L += ["", open(bench).read()]
+open(os.path.join(out, "summary.md"), "w").write("\n".join(L) + "\n")
+PYEOF
+tar -czf "$OUTDIR/logs.tar.gz" -C "$LOGS" . 2>/dev/null
+echo "summary: $SUMMARY (total ${TOTAL}s); logs: $OUTDIR/logs.tar.gz"
+FAILED=$(awk -F'\t' '$2 != 0' "$LOGS/stages.tsv" | wc -l)
+if [ "$DRY" = 1 ]; then
+  cat <<EOF
+
+The command to give the GPU machine (device tool: run, carry ["gpu_wheels"], timeout_s 540):
+
+    bash scripts/gpu_check.sh
+
+It writes summary.md, timings.json, bench.md, bench.json and logs.tar.gz under \$OUT.
+EOF
+fi
+[ "$FAILED" = 0 ]
