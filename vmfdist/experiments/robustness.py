@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=int, default=20, help="digits training epochs (default 20)")
     p.add_argument("--uci-epochs", type=int, default=40, help="UCI training epochs (default 40)")
     p.add_argument("--uci-dataset", default="boston", help="UCI set (default boston), split 0")
-    p.add_argument("--data-dir", default=uci.DEFAULT_DATA_DIR, help="folder of UCI sets in the standard format")
+    p.add_argument("--data-dir", default=None, help=f"required for the uci task: {uci.DATA_HELP}")
     p.add_argument("--tasks", nargs="+", default=["digits", "uci"], choices=["digits", "uci"])
     p.add_argument("--pretrain-epochs", type=int, default=1,
                    help="epochs of NLL-only training of the means before the ELBO (default 1, as the paper)")
@@ -114,6 +114,8 @@ def _baseline_ll(split) -> float:
 def run(args) -> dict:
     if args.epochs < 1 or args.uci_epochs < 1 or args.pretrain_epochs < 0:
         raise ValueError("--epochs and --uci-epochs must be positive and --pretrain-epochs non-negative")
+    if "uci" in args.tasks:  # before any training
+        uci.load_dataset(args.uci_dataset, args.data_dir)
     lrs, rhos = list(args.lrs), list(args.rhos)
     if not all(lr > 0 and math.isfinite(lr) for lr in lrs) or not all(math.isfinite(r) for r in rhos):
         raise ValueError(f"--lrs must be positive and --rhos finite, got {lrs} and {rhos}")

