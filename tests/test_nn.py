@@ -980,3 +980,26 @@ def test_predict_in_half_precision(dtype, kind):
     assert p.sample_probs.shape == (16, 2, 3) and p.probs.dtype == dtype
     assert torch.isfinite(p.sample_probs).all()
     torch.testing.assert_close(p.probs.float().sum(-1), torch.ones(2), rtol=0, atol=1e-2)
+
+
+def test_to_bayesian_says_what_it_leaves_deterministic():
+    """Layers with weights that are not converted (Conv1d, LSTM, a subclass of nn.Linear) are named in
+    a warning; a model with nothing to convert gets one too; a plain MLP or a normalisation layer none."""
+    import warnings
+
+    class MyLinear(nn.Linear):
+        pass
+
+    with pytest.warns(UserWarning, match=r"'0' \(Conv1d\)"):
+        vnn.to_bayesian(nn.Sequential(nn.Conv1d(1, 2, 3), nn.Flatten(), nn.Linear(4, 2)))
+    with pytest.warns(UserWarning, match=r"'the model' \(LSTM\)"):
+        vnn.to_bayesian(nn.LSTM(3, 4))
+    with pytest.warns(UserWarning, match=r"'1' \(MyLinear\)"):
+        m = vnn.to_bayesian(nn.Sequential(nn.Linear(3, 4), MyLinear(4, 2)))
+    assert isinstance(m[0], vnn.MeanFieldLinear) and type(m[1]) is MyLinear
+    with pytest.warns(UserWarning, match="no nn.Linear or nn.Conv2d"):
+        vnn.to_bayesian(nn.Sequential(nn.ReLU()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        vnn.to_bayesian(nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3), nn.Linear(3, 2)))
+        vnn.to_bayesian(nn.Sequential(nn.Conv1d(1, 2, 3), nn.Flatten(), nn.Linear(4, 2)), exclude=["0"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import fnmatch
 import math
+import warnings
 from typing import Optional, Sequence
 
 import torch
@@ -80,6 +81,8 @@ def to_bayesian(model: torch.nn.Module, kind: str = "meanfield", *, include: Opt
                and (include is None or _matches(n, include)) and not _matches(n, exclude)]
     if isinstance(model, (nn.Linear, nn.Conv2d)):
         raise ValueError("model: pass a container module; a bare nn.Linear/nn.Conv2d cannot be replaced in place")
+    if include is None:
+        _warn_unconverted(named, targets, exclude)
     if last_layer_only:
         targets = targets[-1:]
     lin_cls, conv_cls = _KINDS[kind]
@@ -102,6 +105,27 @@ def to_bayesian(model: torch.nn.Module, kind: str = "meanfield", *, include: Opt
         parent = named[parent_name] if parent_name else model
         setattr(parent, child, new)
     return model
+
+
+#: weight-bearing layers that to_bayesian leaves alone without being asked to: it says so
+_NOT_CONVERTED = (nn.Conv1d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d, nn.RNNBase,
+                  nn.RNNCellBase, nn.Embedding, nn.EmbeddingBag, nn.Bilinear, nn.MultiheadAttention)
+
+
+def _warn_unconverted(named, targets, exclude) -> None:
+    """A warning naming the layers with weights that stay deterministic (Conv1d, LSTM, subclasses
+    of nn.Linear, ...), and one when nothing at all is converted: both used to pass silently."""
+    left = [f"{n or 'the model'!r} ({type(m).__name__})" for n, m in named.items()
+            if not _matches(n, exclude) and not isinstance(m, BayesianModule)
+            and (isinstance(m, _NOT_CONVERTED) or (n and isinstance(m, (nn.Linear, nn.Conv2d)) and n not in targets))
+            and not any(n.startswith(t + ".") for t in named if t and isinstance(named[t], nn.MultiheadAttention))]
+    if left:
+        warnings.warn(f"to_bayesian: {len(left)} layer(s) with weights stay deterministic, since only nn.Linear and "
+                      f"nn.Conv2d (exactly those types) are converted: {', '.join(left[:8])}"
+                      f"{', ...' if len(left) > 8 else ''}", UserWarning, stacklevel=3)
+    elif not targets:
+        warnings.warn("to_bayesian: the model has no nn.Linear or nn.Conv2d to convert; it is returned unchanged",
+                      UserWarning, stacklevel=3)
 
 
 @torch.no_grad()
