@@ -198,16 +198,23 @@ def _layers_demo(out, epochs, rdp_epochs, load_digits, train_test_split):
     modes = {f"{name}.{side}": v for name, d in vnn.log_modes(rdp).items() for side, v in d.items()}
     plot_log_modes(modes, {k: vnn.gap_threshold(v) for k, v in modes.items()}, os.path.join(out, "rdp_log_modes.png"),
                    "RDP on digits: log-modes of the local radii and pruning thresholds")
-    fig, ax = plt.subplots(figsize=(5.0, 4.4))
+    fig, (ax, axc) = plt.subplots(2, 1, figsize=(5.0, 5.6), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     ax.plot([0, 1], [0, 1], color="grey", linestyle="--", label="perfect calibration")
-    for label, (_, pred) in results.items():
+    width = 1.0 / 15 / (len(results) + 1)
+    for k, (label, (_, pred)) in enumerate(results.items()):
         conf, acc, count = vnn.calibration_bins(pred, yte, 15)
         m = count > 0
-        ax.plot(conf[m].numpy(), acc[m].numpy(), marker="o", label=f"{label} (ECE {float(vnn.ece(pred, yte)):.3f})")
-    ax.set_xlabel("confidence (mean top probability in the bin)")
+        line, = ax.plot(conf[m].numpy(), acc[m].numpy(), marker="o",
+                        label=f"{label} (ECE {float(vnn.ece(pred, yte)):.3f})")
+        # the images per bin, side by side: a point of few images says little
+        edges = (torch.arange(15, dtype=torch.float64) + 0.5) / 15 + (k - (len(results) - 1) / 2) * width
+        axc.bar(edges[m].numpy(), count[m].numpy(), width=width, color=line.get_color())
     ax.set_ylabel("accuracy in the bin")
     ax.set_title("Reliability diagram, digits test set (15 bins)", fontsize=9)
     ax.legend(fontsize=7)
+    axc.set_yscale("log")
+    axc.set_ylabel("test images", fontsize=8)
+    axc.set_xlabel("confidence (mean top probability in the bin)")
     fig.tight_layout()
     fig.savefig(os.path.join(out, "reliability.png"), dpi=110)
     plt.close(fig)

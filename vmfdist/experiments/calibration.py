@@ -162,14 +162,19 @@ def _plot(probs, y, path):
         ax.bar(centers[keep].numpy(), gap[keep].numpy(), bottom=lo[keep].numpy(), width=width, color="none",
                edgecolor="tab:red", hatch="//", label="gap to the bin's confidence")
         ax.plot([0, 1], [0, 1], color="grey", linestyle="--")
+        for c, a, n in zip(centers[keep].tolist(), acc[keep].tolist(), count[keep].tolist()):
+            ax.text(c, min(a, 1.0) + 0.01, str(int(n)), ha="center", va="bottom", fontsize=5, color="dimgrey")
         ax.set_xlim(0, 1)
-        ax.set_ylim(0, 1)
+        ax.set_ylim(0, 1.08)
         ax.set_xlabel("confidence")
         ax.set_ylabel("accuracy")
         ax.set_title(f"{METHODS[name]} (ECE {100 * float(bnn.ece(p.double(), y)):.2f}%)", fontsize=9)
-        ax.legend(fontsize=7, loc="upper left")
-    fig.suptitle("Reliability diagrams, digits test set, seed 0 (15 bins)", fontsize=9)
-    fig.tight_layout()
+    # one legend for all panels, below them, where it covers no bar
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=7, frameon=False)
+    fig.suptitle("Reliability diagrams, digits test set, seed 0 (15 bins; the number above a bar is its count of "
+                 "test images)", fontsize=9)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
