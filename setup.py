@@ -145,6 +145,6 @@ setup(
     ext_modules=extensions(),
     cmdclass={"build_ext": ce.BuildExtension.with_options(use_ninja=True)},
     options={"bdist_wheel": {"py_limited_api": "cp39"}},
-    python_requires=">=3.9",
-    install_requires=["torch>=2.4", "numpy"],
+    python_requires=">=3.10",
+    install_requires=["torch>=2.11", "numpy"],
 )

@@ -27,12 +27,15 @@
 # --python PY (default: python3, or $PYTHON).  Stage limits (seconds) can be changed with
 # GPU_CHECK_LIMIT_<STAGE>=N, e.g. GPU_CHECK_LIMIT_BENCH=120.
 #
-# --dry-run (no GPU): copies the tracked tree to a scratch folder and there builds for sm_90
+# --dry-run (no GPU): copies the tracked tree to a scratch folder (/tmp/vmfdist-gpu-dry-*, one per
+# python, kept for the next rehearsal) and there builds for sm_90
 # (TORCH_CUDA_ARCH_LIST=9.0, as on an H100/H200) against the given python's torch, collects the
 # GPU tests, runs the sanitizer's driver and the benchmark on the CPU (--device cpu --quick),
 # checks that the wheels in gpu_wheels/ are complete for the GPU machine (Python 3.12), and
 # prints the command to give the GPU machine.  Run it against torch 2.11 (the GPU machine's) with
-# --python pointing at an environment that has it.
+# --python pointing at an environment that has it: it then also leaves the module it built in
+# gpu_prebuilt/ (stripped, with a MANIFEST of torch version, architecture and source hash), which
+# the GPU run uses if its own build fails or runs out of time.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 DRY=0
@@ -64,12 +67,60 @@ limit() {  # the time limit of a stage: GPU_CHECK_LIMIT_<STAGE>, else the defaul
   echo "${!var:-$2}"
 }
 
+# summary.md, timings.json and logs.tar.gz under $OUTDIR, rewritten after every stage, so that a
+# run cut off by the device call's own limit still brings back what it did
+write_summary() {
+  local TOTAL=$(( $(date +%s) - T_ALL ))
+  "$PY" - "$LOGS" "$OUTDIR" "$TOTAL" "$DRY" <<'PYEOF'
+import json, os, sys
+logs, out, total, dry = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+rows = [l.rstrip("\n").split("\t") for l in open(os.path.join(logs, "stages.tsv")) if l.strip()]
+stages = [{"stage": n, "rc": int(rc), "seconds": int(s), "limit": int(lim)} for n, rc, s, lim in rows]
+json.dump({"dry_run": dry, "total_seconds": total, "stages": stages}, open(os.path.join(out, "timings.json"), "w"),
+          indent=1)
+L = [f"# GPU check{' (dry run)' if dry else ''}", "", f"Total {total} s.", "",
+     "| stage | result | seconds | limit |", "|---|---|---|---|"]
+for s in stages:
+    res = ("ok" if s["rc"] == 0 else "TIMED OUT" if s["rc"] in (124, 137) else "SKIPPED (no time left)"
+           if s["rc"] == 125 else f"FAILED (rc {s['rc']})")
+    L.append(f"| {s['stage']} | {res} | {s['seconds']} | {s['limit']} |")
+env = os.path.join(logs, "env.log")
+if os.path.exists(env):
+    L += ["", "## Environment", "", "```", open(env).read().strip(), "```"]
+for s in stages:
+    log = os.path.join(logs, s["stage"] + ".log")
+    if os.path.exists(log) and (s["rc"] != 0 or s["stage"] in ("test",) or s["stage"].startswith("sanitize")):
+        tail = open(log, errors="replace").read().strip().splitlines()[-40:]
+        L += ["", f"## {s['stage']} (last lines)", "", "```", *tail, "```"]
+bench = os.path.join(out, "bench.md")
+if os.path.exists(bench):
+    L += ["", open(bench).read()]
+open(os.path.join(out, "summary.md"), "w").write("\n".join(L) + "\n")
+PYEOF
+  tar -czf "$OUTDIR/logs.tar.gz" -C "$LOGS" . 2>/dev/null
+}
+
+# the whole run's budget (seconds; the GPU run only): a stage gets at most what is left of it,
+# less 20 s for the summary, and is skipped (rc 125) when under 15 s are left
+BUDGET="${GPU_CHECK_BUDGET:-$([ "$DRY" = 1 ] && echo 100000 || echo 540)}"
+# the torch of the GPU machines' image (device tool, KINDS.md): the dry run against it leaves a
+# prebuilt module for them (below)
+GPU_MACHINE_TORCH="${GPU_MACHINE_TORCH:-2.11.0+cu130}"
+
 # run_stage NAME LIMIT_S CMD...: runs CMD under `timeout`, logs to $LOGS/NAME.log, records
 # NAME, rc and seconds; rc 124/137 means the stage hit its limit.
 run_stage() {
   local name="$1" lim="$2"; shift 2
-  local t0 rc
+  local t0 rc left
   t0=$(date +%s)
+  left=$(( BUDGET - (t0 - T_ALL) - 20 ))
+  if [ "$left" -lt 15 ]; then
+    echo "=== $name: skipped, ${left}s of the ${BUDGET}s budget left" | tee -a "$LOGS/all.log"
+    printf '%s\t125\t0\t0\n' "$name" >> "$LOGS/stages.tsv"
+    write_summary
+    return 125
+  fi
+  [ "$lim" -gt "$left" ] && lim=$left
   echo "=== $name (limit ${lim}s): $*" | tee -a "$LOGS/all.log"
   timeout --kill-after=15 "$lim" "$@" > "$LOGS/$name.log" 2>&1
   rc=$?
@@ -77,16 +128,26 @@ run_stage() {
   tail -n 5 "$LOGS/$name.log" | sed 's/^/    /'
   echo "=== $name: rc=$rc, ${dt}s" | tee -a "$LOGS/all.log"
   printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$dt" "$lim" >> "$LOGS/stages.tsv"
+  write_summary
   return $rc
 }
 
 want() { [[ ",$STAGES," == *",$1,"* ]]; }
 
+# what the compiled module is built from (the same on a git checkout and on a copied tree)
+sources_hash() { find csrc setup.py -type f | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16; }
+
 # ------------------------------------------------------------------------------ where we run
 if [ "$DRY" = 1 ]; then
-  WORK="$(mktemp -d /tmp/vmfdist-gpu-dry.XXXXXX)"
-  (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$WORK")
-  [ -d "$ROOT/gpu_wheels" ] && cp -r "$ROOT/gpu_wheels" "$WORK/"
+  # one scratch copy per python, kept between rehearsals: rsync keeps the files' times, so a
+  # second dry run recompiles only what changed (the first is a clean build, as on the GPU)
+  WORK="/tmp/vmfdist-gpu-dry-$(echo "$PY" | sha1sum | cut -c1-8)"
+  mkdir -p "$WORK"
+  if command -v rsync > /dev/null; then
+    (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | rsync -a --from0 --files-from=- ./ "$WORK/")
+  else
+    (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp -p --parents -t "$WORK")
+  fi
   echo "dry run in $WORK (a copy of the tracked tree), python $PY"
 else
   WORK="$ROOT"
@@ -156,6 +217,28 @@ if want build; then
     # torch's build runs the first ninja on PATH: the python's own (pip's ninja) when it has one
     PATH="$(dirname "$PY"):$PATH" run_stage build "$(limit build $([ "$DRY" = 1 ] && echo 2400 || echo 240))" \
       "$PY" setup.py -q build_ext --inplace --build-temp build-gpu/temp
+    BUILD_RC=$?
+    # The fallback: the dry run against the GPU machine's torch (2.11.0+cu130, the same wheel as
+    # PyPI's) leaves the extension it built for sm_90 in gpu_prebuilt/, with the torch version,
+    # the architecture and a hash of the sources; if the build here fails or runs out of time and
+    # all three match, that module is used, so the lease still tests, sanitizes and benchmarks.
+    MANIFEST="torch=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null) arch=$ARCH sources=$(sources_hash)"
+    if [ "$DRY" = 1 ] && [ "$BUILD_RC" = 0 ] && [[ "$MANIFEST" != "torch=$GPU_MACHINE_TORCH "* ]]; then
+      echo "no gpu_prebuilt/ written: this torch is not the GPU machine's ($GPU_MACHINE_TORCH)" | tee -a "$LOGS/all.log"
+    elif [ "$DRY" = 1 ] && [ "$BUILD_RC" = 0 ]; then
+      mkdir -p "$ROOT/gpu_prebuilt"
+      cp vmfdist/_C*.so "$ROOT/gpu_prebuilt/" && strip --strip-debug "$ROOT"/gpu_prebuilt/_C*.so
+      echo "$MANIFEST" > "$ROOT/gpu_prebuilt/MANIFEST"
+      echo "prebuilt fallback for the GPU machine: $ROOT/gpu_prebuilt ($MANIFEST)" | tee -a "$LOGS/all.log"
+    elif [ "$DRY" = 0 ] && [ "$BUILD_RC" != 0 ]; then
+      if [ -f gpu_prebuilt/MANIFEST ] && [ "$(cat gpu_prebuilt/MANIFEST)" = "$MANIFEST" ]; then
+        cp gpu_prebuilt/_C*.so vmfdist/
+        echo "build failed (rc $BUILD_RC): using the carried gpu_prebuilt/ module ($MANIFEST)" | tee -a "$LOGS/all.log"
+        printf 'build-fallback\t0\t0\t0\n' >> "$LOGS/stages.tsv"
+      else
+        echo "build failed (rc $BUILD_RC) and no matching gpu_prebuilt/ (want: $MANIFEST)" | tee -a "$LOGS/all.log"
+      fi
+    fi
   fi
 fi
 
@@ -176,12 +259,22 @@ if want sanitize; then
   else
     CS="${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer"
     [ -x "$CS" ] || CS="$(command -v compute-sanitizer || echo compute-sanitizer)"
+    FILTER=(--kernel-name kns=vmfdist)
     for tool in memcheck racecheck synccheck initcheck; do
       # only the kernels of vmfdist (their names contain the namespace); memcheck without the
       # caching allocator, so that a read past a tensor's end is past an allocation's end too
       PYTORCH_NO_CUDA_MEMORY_CACHING=$([ $tool = memcheck ] && echo 1 || echo 0) \
-        run_stage "sanitize-$tool" "$(limit sanitize 75)" "$CS" --tool "$tool" --kernel-name kns=vmfdist \
+        run_stage "sanitize-$tool" "$(limit sanitize 75)" "$CS" --tool "$tool" "${FILTER[@]}" \
         --error-exitcode 99 --print-limit 20 "$PY" scripts/gpu_kernels.py --sizes 0 1 3 37 1031
+      if [ ${#FILTER[@]} -gt 0 ] && grep -qiE "unrecognized|unknown option|invalid option" "$LOGS/sanitize-$tool.log"; then
+        # a compute-sanitizer without the kernel filter: check every kernel (torch's too)
+        mv "$LOGS/sanitize-$tool.log" "$LOGS/sanitize-$tool-filter-refused.log"
+        sed -i '$ d' "$LOGS/stages.tsv"  # that attempt does not count
+        FILTER=()
+        PYTORCH_NO_CUDA_MEMORY_CACHING=$([ $tool = memcheck ] && echo 1 || echo 0) \
+          run_stage "sanitize-$tool" "$(limit sanitize 75)" "$CS" --tool "$tool" \
+          --error-exitcode 99 --print-limit 20 "$PY" scripts/gpu_kernels.py --sizes 0 1 3 37 1031
+      fi
     done
   fi
 fi
@@ -204,38 +297,13 @@ fi
 
 # ------------------------------------------------------------------------------ summary
 TOTAL=$(( $(date +%s) - T_ALL ))
-"$PY" - "$LOGS" "$OUTDIR" "$TOTAL" "$DRY" <<'PYEOF'
-import json, os, sys
-logs, out, total, dry = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
-rows = [l.rstrip("\n").split("\t") for l in open(os.path.join(logs, "stages.tsv")) if l.strip()]
-stages = [{"stage": n, "rc": int(rc), "seconds": int(s), "limit": int(lim)} for n, rc, s, lim in rows]
-json.dump({"dry_run": dry, "total_seconds": total, "stages": stages}, open(os.path.join(out, "timings.json"), "w"),
-          indent=1)
-L = [f"# GPU check{' (dry run)' if dry else ''}", "", f"Total {total} s.", "",
-     "| stage | result | seconds | limit |", "|---|---|---|---|"]
-for s in stages:
-    res = "ok" if s["rc"] == 0 else "TIMED OUT" if s["rc"] in (124, 137) else f"FAILED (rc {s['rc']})"
-    L.append(f"| {s['stage']} | {res} | {s['seconds']} | {s['limit']} |")
-env = os.path.join(logs, "env.log")
-if os.path.exists(env):
-    L += ["", "## Environment", "", "```", open(env).read().strip(), "```"]
-for s in stages:
-    log = os.path.join(logs, s["stage"] + ".log")
-    if os.path.exists(log) and (s["rc"] != 0 or s["stage"] in ("test",) or s["stage"].startswith("sanitize")):
-        tail = open(log, errors="replace").read().strip().splitlines()[-40:]
-        L += ["", f"## {s['stage']} (last lines)", "", "```", *tail, "```"]
-bench = os.path.join(out, "bench.md")
-if os.path.exists(bench):
-    L += ["", open(bench).read()]
-open(os.path.join(out, "summary.md"), "w").write("\n".join(L) + "\n")
-PYEOF
-tar -czf "$OUTDIR/logs.tar.gz" -C "$LOGS" . 2>/dev/null
+write_summary
 echo "summary: $SUMMARY (total ${TOTAL}s); logs: $OUTDIR/logs.tar.gz"
 FAILED=$(awk -F'\t' '$2 != 0' "$LOGS/stages.tsv" | wc -l)
 if [ "$DRY" = 1 ]; then
   cat <<EOF
 
-The command to give the GPU machine (device tool: run, carry ["gpu_wheels"], timeout_s 540):
+The command to give the GPU machine (device tool: run, carry ["gpu_wheels", "gpu_prebuilt"], timeout_s 600):
 
     bash scripts/gpu_check.sh
 

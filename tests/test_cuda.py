@@ -190,13 +190,14 @@ def test_samplers_and_layers_never_sync_with_the_host():
     models = _bayesian_models(dev)
     x, y = torch.randn(16, 1, 8, 8, device=dev), torch.randint(0, 5, (16,), device=dev)
     elbos = {k: bnn.ELBO(m, num_data=1000) for k, m in models.items()}
-    for m in models.values():  # first calls (lazy set-up, cuBLAS handles) before watching
-        elbos[next(k for k in models if models[k] is m)](m(x), y).backward()
+    for kind, m in models.items():  # first calls (lazy set-up, cuBLAS handles) before watching
+        elbos[kind](m(x), y).backward()
+    vmf, radial = VonMisesFisher(loc, kap), Radial(mu, sig)  # constructing validates the arguments (a sync)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        VonMisesFisher(loc, kap).rsample((3,)).sum().backward()
-        Radial(mu, sig).rsample((2,)).sum().backward()
+        vmf.rsample((3,)).sum().backward()
+        radial.rsample((2,)).sum().backward()
         philox_uniform(100, device=dev), philox_normal(100, device=dev)
         for kind, m in models.items():
             elbos[kind](m(x), y).backward()
