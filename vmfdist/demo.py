@@ -211,7 +211,8 @@ def _layers_demo(out, epochs, rdp_epochs, load_digits, train_test_split):
         axc.bar(edges[m].numpy(), count[m].numpy(), width=width, color=line.get_color())
     ax.set_ylabel("accuracy in the bin")
     ax.set_title("Reliability diagram, digits test set (15 bins)", fontsize=9)
-    ax.legend(fontsize=7)
+    # the legend in the count panel's empty corner (few images have a low confidence), off the curves
+    axc.legend(*ax.get_legend_handles_labels(), fontsize=6, loc="upper left", frameon=False)
     axc.set_yscale("log")
     axc.set_ylabel("test images", fontsize=8)
     axc.set_xlabel("confidence (mean top probability in the bin)")
