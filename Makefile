@@ -1,6 +1,6 @@
 # The two set-up commands of the README; each works on a fresh machine.
 #   make demo   -- build everything and run the demo
-#   make test   -- build everything and run the test suite (what CI runs)
+#   make test   -- build everything and run the test suite, one worker per core (what CI runs)
 #   make docs   -- build the Sphinx documentation into docs/_build/html (scripts/docs.sh)
 #   make bench  -- run every benchmark and rewrite docs/benchmarks (benchmarks/README.md)
 #   make gpu-check -- on a machine with a GPU: build, test, sanitize, benchmark (scripts/gpu_check.sh)
@@ -15,11 +15,12 @@ setup:
 demo: setup
 	$(PY) -m vmfdist.demo
 
+# -n auto: one pytest-xdist worker per core (the suite takes 4 min on 2 cores instead of 6)
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n auto tests
 
 test-slow: setup
-	$(PY) -m pytest -q --slow tests
+	$(PY) -m pytest -q -n auto --slow tests
 
 bench: setup
 	$(PY) -m benchmarks.run all

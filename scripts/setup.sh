@@ -41,7 +41,7 @@ else
   TORCH_REQ="torch==2.13.0"
   export VMFDIST_FORCE_CPU=${VMFDIST_FORCE_CPU:-1}
 fi
-REQS="$TORCH_REQ numpy scipy mpmath hypothesis pytest ninja setuptools wheel matplotlib scikit-learn"
+REQS="$TORCH_REQ numpy scipy mpmath hypothesis pytest pytest-xdist ninja setuptools wheel matplotlib scikit-learn"
 STAMP="$VENV/.vmfdist-setup"
 STATE="$REQS | $(cat pyproject.toml setup.py benchmarks/requirements-kron.txt | cksum)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$STATE" ]; then
