@@ -65,6 +65,8 @@ def jax_tfp():
     """(jax, tfp) with float64 enabled, or (None, None) when they cannot be imported (the reason
     is in :func:`versions`)."""
     if not _JAX:
+        # JAX takes 75 % of a GPU's memory at its first use by default; torch shares the GPU here
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
         try:
             import jax
             import torch
