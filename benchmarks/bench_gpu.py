@@ -92,21 +92,8 @@ def _bandwidth(dev, n, rounds, sync):
     return {"n": n, **r, "Bps": 2 * 4 * n / r["min"]}
 
 
-def _tfp_fn(expr):
-    jax, tfp = H.jax_tfp()
-    if jax is None:
-        return None
-    f = jax.jit({"ratio": lambda v, z: tfp.math.bessel_iv_ratio(v, z),
-                 "log_iv": lambda v, z: tfp.math.log_bessel_ive(v, z) + z}[expr])
-
-    def make(nu, z):
-        a, b = (jax.device_put(jax.numpy.asarray(t.cpu().numpy())) for t in (nu, z))
-        f(a, b).block_until_ready()
-        return lambda: f(a, b).block_until_ready()
-    return make
-
-
 def _fused(dev, n, rounds, sync):
+    from benchmarks.bench_special import tfp_impl
     from vmfdist import special
     from vmfdist._ops import lib
 
@@ -117,9 +104,9 @@ def _fused(dev, n, rounds, sync):
             nu = torch.full((n,), 128.0, dtype=dt, device=dev)
             z = (1 + 999 * torch.rand(n, generator=g, dtype=torch.float64)).to(dev, dt)
             fns = {"vmfdist": (lambda f=getattr(special, fname), a=nu, b=z: f(a, b))}
-            make = _tfp_fn(tfp_expr)
+            make = tfp_impl(tfp_expr)  # compiles for this shape and dtype, on the device JAX uses
             if make is not None:
-                fns["TFP-JAX"] = make(nu, z)
+                fns["TFP-JAX"] = make(nu.cpu().numpy(), z.cpu().numpy(), dt)
             r = _rounds(fns, rounds, sync)
             rows.append({"job": f"{fname} {str(dt)[6:]}", "bytes": 3 * n * nu.element_size(), "impls": r,
                          "peer": "TFP-JAX" if "TFP-JAX" in r else None})

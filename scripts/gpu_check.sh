@@ -259,21 +259,22 @@ if want sanitize; then
   else
     CS="${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer"
     [ -x "$CS" ] || CS="$(command -v compute-sanitizer || echo compute-sanitizer)"
-    FILTER=(--kernel-name kns=vmfdist)
-    for tool in memcheck racecheck synccheck initcheck; do
-      # only the kernels of vmfdist (their names contain the namespace); memcheck without the
-      # caching allocator, so that a read past a tensor's end is past an allocation's end too
-      PYTORCH_NO_CUDA_MEMORY_CACHING=$([ $tool = memcheck ] && echo 1 || echo 0) \
-        run_stage "sanitize-$tool" "$(limit sanitize 75)" "$CS" --tool "$tool" "${FILTER[@]}" \
+    FILTER=(--kernel-name kns=vmfdist)  # only the kernels of vmfdist (their names hold the namespace)
+    sanitize() {  # sanitize TOOL: one compute-sanitizer run over the driver, as a stage
+      # memcheck without the caching allocator, so that a read past a tensor's end is past an
+      # allocation's end too
+      PYTORCH_NO_CUDA_MEMORY_CACHING=$([ "$1" = memcheck ] && echo 1 || echo 0) \
+        run_stage "sanitize-$1" "$(limit sanitize 75)" "$CS" --tool "$1" "${FILTER[@]}" \
         --error-exitcode 99 --print-limit 20 "$PY" scripts/gpu_kernels.py --sizes 0 1 3 37 1031
+    }
+    for tool in memcheck racecheck synccheck initcheck; do
+      sanitize "$tool"
       if [ ${#FILTER[@]} -gt 0 ] && grep -qiE "unrecognized|unknown option|invalid option" "$LOGS/sanitize-$tool.log"; then
         # a compute-sanitizer without the kernel filter: check every kernel (torch's too)
         mv "$LOGS/sanitize-$tool.log" "$LOGS/sanitize-$tool-filter-refused.log"
         sed -i '$ d' "$LOGS/stages.tsv"  # that attempt does not count
         FILTER=()
-        PYTORCH_NO_CUDA_MEMORY_CACHING=$([ $tool = memcheck ] && echo 1 || echo 0) \
-          run_stage "sanitize-$tool" "$(limit sanitize 75)" "$CS" --tool "$tool" \
-          --error-exitcode 99 --print-limit 20 "$PY" scripts/gpu_kernels.py --sizes 0 1 3 37 1031
+        sanitize "$tool"
       fi
     done
   fi

@@ -42,15 +42,15 @@ REQUIRE_GPU = os.environ.get("VMFDIST_REQUIRE_GPU", "0") == "1"
 
 def _needs_gpu(item) -> bool:
     """A test runs on the GPU when its name or parameters say cuda (``cpu_and_cuda()`` ids,
-    ``test_cuda_*``), it skips for want of CUDA, or it is marked ``cuda``."""
-    if "cuda" in item.name.lower() or item.get_closest_marker("cuda") is not None:
+    ``test_cuda_*``) or it skips for want of CUDA."""
+    if "cuda" in item.name.lower():
         return True
     return any("cuda" in str(m.kwargs.get("reason", "")).lower() for m in item.iter_markers("skipif"))
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:  # `pytest -m cuda` selects every test that needs a GPU
-        if _needs_gpu(item) and item.get_closest_marker("cuda") is None:
+        if item.get_closest_marker("cuda") is None and _needs_gpu(item):
             item.add_marker(pytest.mark.cuda)
     if config.getoption("--slow"):
         return

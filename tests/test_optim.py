@@ -13,7 +13,6 @@ from vmfdist.optim import NoisyEKFAC, NoisyKFAC
 from .shared_data import UCI_DIR
 
 DT = torch.float64
-UCI = UCI_DIR
 
 
 @pytest.fixture
@@ -253,7 +252,7 @@ def test_other_parameters_get_adam():
 
 # ---- training runs ---------------------------------------------------------------------------------------------
 def _load_uci(name="bostonHousing", split=0):
-    root = UCI / name
+    root = UCI_DIR / name
     if not root.exists():
         pytest.skip(f"UCI data not found at {root}")
     data = torch.tensor([[float(v) for v in line.split()] for line in (root / "data.txt").read_text().splitlines()

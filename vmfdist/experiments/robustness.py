@@ -114,8 +114,8 @@ def _baseline_ll(split) -> float:
 def run(args) -> dict:
     if args.epochs < 1 or args.uci_epochs < 1 or args.pretrain_epochs < 0:
         raise ValueError("--epochs and --uci-epochs must be positive and --pretrain-epochs non-negative")
-    if "uci" in args.tasks:  # before any training
-        uci.load_dataset(args.uci_dataset, args.data_dir)
+    # read before any training, so that a missing --data-dir or set is refused at once
+    uci_data = uci.load_dataset(args.uci_dataset, args.data_dir) if "uci" in args.tasks else None
     lrs, rhos = list(args.lrs), list(args.rhos)
     if not all(lr > 0 and math.isfinite(lr) for lr in lrs) or not all(math.isfinite(r) for r in rhos):
         raise ValueError(f"--lrs must be positive and --rhos finite, got {lrs} and {rhos}")
@@ -138,7 +138,7 @@ def run(args) -> dict:
             results["tasks"]["digits"] = {"metric": "test accuracy", "failure_bar": bar, "cells": out,
                                           "wall_seconds": round(time.perf_counter() - t0, 1)}
         if "uci" in args.tasks:
-            split = uci.make_split(uci.load_dataset(args.uci_dataset, args.data_dir), 0)
+            split = uci.make_split(uci_data, 0)
             bar = _baseline_ll(split)
             t0 = time.perf_counter()
             out = {k: [] for k in KINDS}

@@ -115,10 +115,13 @@ _NOT_CONVERTED = (nn.Conv1d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, 
 def _warn_unconverted(named, targets, exclude) -> None:
     """A warning naming the layers with weights that stay deterministic (Conv1d, LSTM, subclasses
     of nn.Linear, ...), and one when nothing at all is converted: both used to pass silently."""
+    converted = set(targets)
+    # an attention block's own projections are part of it (named once, as the block)
+    inside_attention = {f"{t}.{c}" if t else c for t, m in named.items() if isinstance(m, nn.MultiheadAttention)
+                        for c, _ in m.named_modules() if c}
     left = [f"{n or 'the model'!r} ({type(m).__name__})" for n, m in named.items()
-            if not _matches(n, exclude) and not isinstance(m, BayesianModule)
-            and (isinstance(m, _NOT_CONVERTED) or (n and isinstance(m, (nn.Linear, nn.Conv2d)) and n not in targets))
-            and not any(n.startswith(t + ".") for t in named if t and isinstance(named[t], nn.MultiheadAttention))]
+            if n not in inside_attention and not _matches(n, exclude) and not isinstance(m, BayesianModule)
+            and (isinstance(m, _NOT_CONVERTED) or (n and isinstance(m, (nn.Linear, nn.Conv2d)) and n not in converted))]
     if left:
         warnings.warn(f"to_bayesian: {len(left)} layer(s) with weights stay deterministic, since only nn.Linear and "
                       f"nn.Conv2d (exactly those types) are converted: {', '.join(left[:8])}"
