@@ -109,7 +109,6 @@ def extensions():
     include_dirs = [os.path.join(ROOT, "csrc", "include"), os.path.join(ROOT, "csrc")]
     cxx = ["-O3", "-std=c++20", "-fno-math-errno", "-ffp-contract=off", "-fopenmp"]
     extra = {"cxx": cxx}
-    define_macros = []
     if use_cuda:
         _set_cuda_arch_list()
         print(f"vmfdist: CUDA kernels for TORCH_CUDA_ARCH_LIST={os.environ.get('TORCH_CUDA_ARCH_LIST', '(the visible GPUs)')}")
@@ -118,7 +117,6 @@ def extensions():
         extra["nvcc"] = ["-O3", "-std=c++20", "--fmad=false", "--expt-relaxed-constexpr",
                          "-Werror", "cross-execution-space-call"]
         ext_cls = ce.CUDAExtension
-        define_macros.append(("VMFDIST_WITH_CUDA", None))
     else:
         ext_cls = ce.CppExtension
     # headers too: setuptools rebuilds only when a listed file is newer than the module,
@@ -130,7 +128,6 @@ def extensions():
         depends=depends,
         include_dirs=include_dirs,
         extra_compile_args=extra,
-        define_macros=define_macros,
         # at::parallel_for is only parallel when the extension itself is built with OpenMP
         extra_link_args=["-fopenmp"],
         py_limited_api=True,
