@@ -131,7 +131,7 @@ def test_identity_determinant_corrected_exponents(n, m):
     u, v = spd(n, 0) * 1.7, spd(m, 1) * 0.6
     dense = torch.logdet(torch.kron(u, v))
     torch.testing.assert_close(dense, m * torch.logdet(u) + n * torch.logdet(v), rtol=1e-12, atol=1e-12)
-    if n != m:  # the swapped form of 001 sec. 3.3 is wrong whenever n != m and the determinants are not 1
+    if n != m:  # the swapped form of the ELBO notes (sec. 3.3) is wrong whenever n != m and the determinants are not 1
         assert not torch.allclose(dense, n * torch.logdet(u) + m * torch.logdet(v))
     a, b = torch.linalg.cholesky(u), torch.linalg.cholesky(v)
     torch.testing.assert_close(2 * mn.kron_half_logdet(a, b), dense, rtol=1e-12, atol=1e-12)

@@ -16,7 +16,7 @@ Radius priors.  Derived here from the densities (torch's parameterisations: ``Ga
 rate)``, ``InverseGamma(concentration, rate)`` with density
 :math:`\beta^\alpha x^{-\alpha-1}e^{-\beta/x}/\Gamma(\alpha)`, ``Weibull(scale, concentration)``,
 ``LogNormal(loc, scale)``) and checked against Monte Carlo in ``tests/test_radial.py``.
-The radial--directional notes (002, §6.3--6.5) print three of them with errors: in eq. (50)
+Oh et al. 2019 (supplement, §6.3--6.5) print three of them with errors: in eq. (50)
 (Weibull) the Gamma-function argument must be :math:`k_p/k_q + 1`, not :math:`k_q/k_p + 1`,
 and the term is :math:`(k_q - k_p)(\log\lambda_q - \gamma/k_q)`; eqs. (51)--(52) use a scale
 parameter for the Gamma and drop the :math:`\log\pi` of the log-normal entropy.  torch's own
@@ -93,7 +93,7 @@ def kl_vmf_vmf(kq, kp, d, half_sq=None):
     r"""KL(vMF(mu_q, k_q) || vMF(mu_p, k_p)) on :math:`S^{d-1}` from the concentrations and
     ``half_sq`` :math:`= |\mu_p - \mu_q|^2/2` (None: equal mean directions):
     [log C(k_q) + k_q] - [log C(k_p) + k_p] - k_q (1 - A_q) + k_p ((1 - A_q) + A_q |mu_p - mu_q|^2 / 2),
-    the general formula (002, sec. 6.1) written with 1 - A_q mu_p^T mu_q = (1 - A_q) + A_q |mu_p - mu_q|^2/2.
+    the general formula (Oh et al. 2019, suppl. §6.1) written with 1 - A_q mu_p^T mu_q = (1 - A_q) + A_q |mu_p - mu_q|^2/2.
     Its derivative in k_q is (k_q - k_p) A'(k_q) for equal directions."""
     half = torch.full_like(kq, 0.5 * d)
     c = special.bessel_iv_ratio_c(half, kq)

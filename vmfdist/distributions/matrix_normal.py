@@ -17,7 +17,7 @@ Nothing here forms an ``(out*in) x (out*in)`` matrix.  The identities used, each
 tested against dense linear algebra in ``tests/test_kron.py`` (:math:`U` is
 :math:`n\times n`, :math:`V` is :math:`m\times m`; here :math:`n` = out, :math:`m` = in):
 
-* :math:`\det(U\otimes V) = \det(U)^m\det(V)^n` (the ELBO notes, 001 §3.3, swap the
+* :math:`\det(U\otimes V) = \det(U)^m\det(V)^n` (the ELBO notes, §3.3, swap the
   exponents), so :math:`\tfrac12\log\det(U\otimes V) = m\sum_i\log A_{ii} + n\sum_j\log B_{jj}`;
 * :math:`(U\otimes V)^{-1} = U^{-1}\otimes V^{-1}` and
   :math:`\mathrm{vec}(D)^T(U\otimes V)^{-1}\mathrm{vec}(D) = \|A^{-1} D B^{-T}\|_F^2`;

@@ -6,7 +6,7 @@ data point is estimated without bias by
 .. math::  \mathcal L = \frac1B\sum_{i \in \text{batch}} -\log p(y_i \mid f_w(x_i))
            + \beta\,\frac{\mathrm{KL}(q \,\|\, p)}{N}, \qquad w \sim q,
 
-(notes 001, §2.1.2: the mean NLL over the batch plus KL/N).  :math:`N` must be the size of
+(the ELBO notes, §2.1.2: the mean NLL over the batch plus KL/N).  :math:`N` must be the size of
 the *whole* training set; using the batch size instead (a common mistake) weights the KL
 :math:`N/B` times too much.  Under data parallelism each rank uses the same global
 :math:`N`, and the averaged gradient is the gradient of this objective.

@@ -3,7 +3,7 @@ r"""The Monte Carlo predictive distribution and the usual metrics.
 :func:`predict` evaluates ``num_samples`` weight samples as *one* batch (see
 :func:`~vmfdist.nn.sample_forward`) and returns a distribution: for classification a
 :class:`PredictiveCategorical` with the averaged probabilities
-:math:`\bar p = \frac1S\sum_s \mathrm{softmax}(f_{w_s}(x))` (notes 001, §2), for regression a
+:math:`\bar p = \frac1S\sum_s \mathrm{softmax}(f_{w_s}(x))` (the ELBO notes, §2), for regression a
 mixture over the samples (of Gaussians, or of Student-t's when the noise precision has a
 Gamma posterior).
 """

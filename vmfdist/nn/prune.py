@@ -1,4 +1,4 @@
-r"""Structured pruning of RDP networks (paper 002, §3.3 and §5.2), FLOP and parameter counts.
+r"""Structured pruning of RDP networks (Oh et al. 2019, §3.3 and §5.2), FLOP and parameter counts.
 
 Statistic: the log of the mode of each group's local radius :math:`z_g = \sqrt{a_g b_g}`,
 :math:`(m_a + m_b)/2 - (\sigma_a^2 + \sigma_b^2)/4` (:meth:`RDPLinear.log_modes`); the

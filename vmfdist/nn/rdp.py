@@ -1,4 +1,4 @@
-r"""Radial--directional posterior (RDP) layers (Oh, Adamczewski & Park, 2019; paper 002).
+r"""Radial--directional posterior (RDP) layers (Oh, Adamczewski & Park 2019).
 
 A weight matrix :math:`W` (a convolution kernel is viewed as the matrix of its output
 channels by ``in_channels * kh * kw``) is split into *groups*: its rows (``"row"``), its
@@ -24,7 +24,7 @@ bound average).
 
 Where the paper is wrong or silent, and what is done here:
 
-* Paper 002 writes :math:`\sqrt{\bar z} = \alpha\beta` for the scale mixture; the correct
+* The paper writes :math:`\sqrt{\bar z} = \alpha\beta` for the scale mixture; the correct
   identity is :math:`\bar z^2 = \alpha\beta` (:math:`\bar z = \sqrt{\alpha\beta}`), as in the
   authors' code.  It also writes :math:`\mathcal G(\tfrac12, \gamma^2)` without saying
   whether :math:`\gamma^2` is a scale or a rate; the half-Cauchy of scale :math:`\gamma`
