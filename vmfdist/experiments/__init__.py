@@ -6,14 +6,14 @@ one's options.  Every experiment uses only the library's public API, writes its 
 to ``--out`` (default ``docs/experiments``), and fixes its seeds per split so that a split
 re-run alone reproduces the number recorded for it in a full run.
 
-* ``uci`` -- the UCI regression table of 000_70f16331c5caf49d.txt (Table 1): test
+* ``uci`` -- the UCI regression table of Bae et al. 2018 (Table 1): test
   log-likelihood and RMSE per data set and method (:mod:`vmfdist.experiments.uci`).
-* ``digits-pruning`` -- RDP structured pruning (002, section 5) on scikit-learn's digits
+* ``digits-pruning`` -- RDP structured pruning (Oh et al. 2019, section 5) on scikit-learn's digits
   (:mod:`vmfdist.experiments.pruning`).
 * ``radial-robustness`` -- Radial vs mean-field VI over a grid of learning rates and initial
-  posterior scales (004, section 4.1.3) (:mod:`vmfdist.experiments.robustness`).
-* ``laplace-calibration`` -- MAP vs K-FAC / EK-FAC Laplace: accuracy, NLL, ECE, OOD AUROC and
-  reliability diagrams on digits (:mod:`vmfdist.experiments.calibration`).
+  posterior scales (Farquhar et al. 2020, section 4.1.3) (:mod:`vmfdist.experiments.robustness`).
+* ``laplace-calibration`` -- MAP vs K-FAC / EK-FAC Laplace (Kolesov 2021): accuracy, NLL, ECE,
+  OOD AUROC and reliability diagrams on digits (:mod:`vmfdist.experiments.calibration`).
 
 :mod:`vmfdist.experiments.digits` holds the digits data, network and training loops they share.
 """

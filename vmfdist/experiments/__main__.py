@@ -7,9 +7,10 @@ import sys
 from . import calibration, pruning, robustness, uci
 
 EXPERIMENTS = {
-    "uci": (uci, "UCI regression table (000, Table 1): test log-likelihood and RMSE"),
-    "digits-pruning": (pruning, "RDP structured pruning on digits (002, section 5)"),
-    "radial-robustness": (robustness, "Radial vs mean-field over a hyperparameter grid (004, section 4.1.3)"),
+    "uci": (uci, "UCI regression table (Bae et al. 2018, Table 1): test log-likelihood and RMSE"),
+    "digits-pruning": (pruning, "RDP structured pruning on digits (Oh et al. 2019, section 5)"),
+    "radial-robustness": (robustness, "Radial vs mean-field over a hyperparameter grid "
+                                      "(Farquhar et al. 2020, section 4.1.3)"),
     "laplace-calibration": (calibration, "MAP vs K-FAC / EK-FAC Laplace: calibration and OOD detection on digits"),
 }
 

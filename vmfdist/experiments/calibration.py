@@ -1,4 +1,4 @@
-r"""K-FAC Laplace calibration (003_88424a3513659d94.txt, scalable Laplace) on digits.
+r"""K-FAC Laplace calibration (Kolesov 2021, scalable Laplace) on digits.
 
 A MAP network (:func:`vmfdist.experiments.digits.lenet5`, Adam on the negative log joint with a
 N(0, 1) weight prior) against two post-hoc Laplace approximations around it:

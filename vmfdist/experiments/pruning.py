@@ -1,4 +1,4 @@
-r"""RDP structured pruning (002_5b2c1fb47e3a9f62.txt, section 5, Table 2 and Fig. 7) on digits.
+r"""RDP structured pruning (Oh, Adamczewski & Park 2019, section 5, Table 2 and Fig. 7) on digits.
 
 The paper prunes LeNet-5-Caffe (20-50-800-500) on MNIST; MNIST is not available here, so this
 uses scikit-learn's ``load_digits`` (8x8, 10 classes, the fixed split of
@@ -115,7 +115,7 @@ def run(args) -> dict:
                "meta": meta, "wall_seconds": round(time.perf_counter() - t_all, 1)}
     _common.write_results(args.out, "digits_pruning", results,
                           lambda path: plot_log_modes(*first_modes, path, "RDP on digits (seed 0): log-modes and "
-                                                      "pruning thresholds (cf. 002, Fig. 7)"), markdown)
+                                                      "pruning thresholds (cf. Oh et al. 2019, Fig. 7)"), markdown)
     return results
 
 
@@ -139,7 +139,7 @@ def markdown(results: dict, picture: str = None) -> str:
         e_pred = ms([s[key]["error_predictive"] for s in seeds], 100) if "error_predictive" in seeds[0][key] else "—"
         lines.append(f"| {label} | {e_mean} | {e_pred} | {ms([s[key]['params'] for s in seeds], fmt='{:.0f}')} | "
                      f"{ms([s[key]['flops'] for s in seeds], fmt='{:.0f}')} |")
-    lines += ["", "The paper (002, Table 2; LeNet-5-Caffe 20-50-800-500 on 28x28 MNIST, so not the same "
+    lines += ["", "The paper (Oh et al. 2019, Table 2; LeNet-5-Caffe 20-50-800-500 on 28x28 MNIST, so not the same "
               "network or data): RDP pruned to 4-7-110-66, 125K FLOPs, 20K parameters, 1.0% test error.",
               "", "Pruned architectures (unpruned: " + seeds[0]["unpruned"]["architecture"] + "):", ""]
     for s in seeds:
@@ -154,7 +154,7 @@ def markdown(results: dict, picture: str = None) -> str:
 
 def plot_log_modes(modes: Dict[str, torch.Tensor], thresholds: Dict[str, float], path: str, title: str):
     """Histograms of the log-modes of every RDP grouping (``{"<layer>.<side>": values}``) with
-    their pruning thresholds (``-inf``: none), as 002's Fig. 7; returns ``path`` (``None``
+    their pruning thresholds (``-inf``: none), as Fig. 7 of Oh et al. 2019; returns ``path`` (``None``
     without matplotlib)."""
     plt = _common.pyplot()
     if plt is None:

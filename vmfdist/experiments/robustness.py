@@ -1,4 +1,4 @@
-r"""Radial vs mean-field robustness to hyperparameters (004_5cac8a0d39a413b5.txt, section 4.1.3, Fig. 4).
+r"""Radial vs mean-field robustness to hyperparameters (Farquhar, Osborne & Gal 2020, section 4.1.3, Fig. 4).
 
 The paper's claim: mean-field VI (MFVI) fails to train for most hyperparameter settings (82% of
 its configurations learned "barely anything"), the Radial posterior for far fewer (39%).  Here
@@ -164,8 +164,8 @@ def markdown(results: dict, picture: str = None) -> str:
              f"Grid: Adam learning rate {results['grid']['lr']} x initial rho {results['grid']['rho']} "
              "(sigma = softplus(rho)), one seed per cell, plain ELBO after "
              f"{results['settings'].get('pretrain_epochs', 0)} epoch(s) of NLL-only training of the means.", "",
-             "The paper (004, section 4.1.3; 86 random configurations of a VGG-like network on diabetic "
-             "retinopathy): 82% of the MFVI configurations and 39% of the Radial ones barely improved on "
+             "The paper (Farquhar et al. 2020, section 4.1.3; 86 random configurations of a VGG-like network "
+             "on diabetic retinopathy): 82% of the MFVI configurations and 39% of the Radial ones barely improved on "
              "random guessing.", "",
              "| task | posterior | failed (no better than chance) | best | median |", "|---|---|---|---|---|"]
     for task, r in results["tasks"].items():

@@ -1,4 +1,4 @@
-r"""UCI regression (000_70f16331c5caf49d.txt, Table 1): test log-likelihood and RMSE.
+r"""UCI regression (Bae, Zhang & Grosse 2018, Table 1): test log-likelihood and RMSE.
 
 Protocol (the standard one of Hernández-Lobato & Adams 2015, as the papers state it):
 
@@ -46,7 +46,7 @@ DATA_HELP = ("a folder holding one sub-folder per UCI set in the standard format
 # short names (the papers' table) for the folder names of the standard collection
 ALIASES = {"boston": "bostonHousing", "naval": "naval-propulsion-plant", "power": "power-plant",
            "protein": "protein-tertiary-structure", "wine": "wine-quality-red"}
-# Table 1 of 000 (test log-likelihood, mean and standard error over its 10 random splits)
+# Table 1 of Bae et al. 2018 (test log-likelihood, mean and standard error over its 10 random splits)
 PAPER_TEST_LL = {
     "boston": {"bbb": (-2.602, 0.031), "noisy-kfac": (-2.409, 0.047), "noisy-ekfac": (-2.378, 0.044)},
     "concrete": {"bbb": (-3.149, 0.018), "noisy-kfac": (-3.039, 0.025), "noisy-ekfac": (-3.002, 0.025)},
