@@ -81,8 +81,7 @@ extensions = [
 ]
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build", "scripts", "README.md", "Thumbs.db", ".DS_Store",
-                    "experiments/uci-validation", "experiments/digits-pruning-validation"]  # validation runs: linked from experiments.md, not pages
+exclude_patterns = ["_build", "scripts", "README.md", "Thumbs.db", ".DS_Store"]
 
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist"]
 myst_heading_anchors = 3

@@ -255,7 +255,7 @@ def _noisy(kl_weight: float, lr: float, **kw) -> Dict[str, float]:
 
 
 #: Per-data-set choices (data set -> method -> settings over SETTINGS), each the best mean
-#: validation log-likelihood (splits 0-2, docs/experiments/uci-validation/) of its grid: noisy
+#: validation log-likelihood (splits 0-2; docs/experiments.md, uci) of its grid: noisy
 #: (E)K-FAC over lambda in {0.1, 0.3} (and {0.5, 1} where noisy EK-FAC preferred 0.3) x lr in
 #: {0.01, 0.03, 0.1}, at 2.5 x n_epochs (protein: 5 x, also chosen there); BBB over lambda in
 #: {0.1, 0.3} x epoch factor {1, 2.5}.  ``--set`` overrides both tables.
