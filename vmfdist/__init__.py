@@ -1,8 +1,12 @@
 """vmfdist: directional and structured distributions for PyTorch.
 
-Layers (data flows downward, nothing imports upward):
+Floors of the house (data flows downward, nothing imports from a floor above its own):
 
+* ``vmfdist.experiments`` -- the papers' experiments as commands (``python -m vmfdist.experiments``)
+* ``vmfdist.laplace``     -- K-FAC / EK-FAC Laplace approximations (laplace-torch's interface)
+* ``vmfdist.optim``       -- noisy K-FAC / noisy EK-FAC (natural-gradient VI)
 * :mod:`vmfdist.nn`       -- Bayesian layers, the ELBO, conversion, predictive, RDP pruning
+* ``vmfdist.curvature``   -- K-FAC / EK-FAC Kronecker factors of ordinary layers
 * :mod:`vmfdist.distributions` -- von Mises-Fisher and friends (torch.distributions API)
 * :mod:`vmfdist.special`  -- Bessel ratios, log-Bessel functions, bounds, approximations
 * :mod:`vmfdist.random`   -- counter-based (Philox4x32-10) uniforms and normals
