@@ -222,6 +222,45 @@ def test_ratio_grad_vs_reference(p):
 
 
 @settings(max_examples=N_EXAMPLES, **SETTINGS)
+@given(nu_z(0.5))
+@_with_examples(EXTREMES)
+def test_ratio_grad_function_vs_reference(p):
+    """The public dR/dz: within TOL_GRAD ulp of the reference, and bit for bit what autograd
+    gives through bessel_iv_ratio (one kernel)."""
+    nu, z = p
+    ours = _ours(S.bessel_iv_ratio_grad, nu, z)
+    assert_ulp(ours, ref.dratio(nu, z), TOL_GRAD, "bessel_iv_ratio_grad", nu, z)
+    assert ours == _ours_grad(S.bessel_iv_ratio, nu, z) or (math.isnan(ours) and math.isnan(
+        _ours_grad(S.bessel_iv_ratio, nu, z)))
+
+
+@pytest.mark.parametrize("nu,z", [(0.5, 0.3), (1.0, 2.0), (2.5, 10.0), (7.0, 0.01), (40.0, 45.0), (1000.5, 3.0),
+                                  (3.0, 1e8), (0.25, 1.5), (0.0, 1.0), (0.1, 1e-3)])
+def test_ratio_grad_identity_and_closed_form(nu, z):
+    """dR/dz = 1 - R^2 - (2 nu - 1) R / z, checked in mpmath at 60 digits against the quotient
+    rule on I_nu / I_{nu-1} with I_mu' = (I_{mu-1} + I_{mu+1}) / 2 (DLMF 10.29.1); the public
+    function within 10 ulp of it for nu >= 1/2 (below, the recurrence loses up to a factor
+    (1 + 4 nu)/(1 - 2 nu): docs/special.md), and sech^2 at nu = 1/2."""
+    import mpmath
+
+    with mpmath.workdps(60):
+        def i(k):  # I_{nu+k}(z), the order formed exactly
+            return mpmath.besseli(mpmath.mpf(nu) + k, z)
+
+        a, b = i(0), i(-1)
+        da, db = (i(-1) + i(1)) / 2, (i(-2) + i(0)) / 2
+        exact = (da * b - a * db) / (b * b)
+        r = a / b
+        identity = 1 - r * r - (2 * mpmath.mpf(nu) - 1) * r / z
+        assert abs(identity - exact) <= mpmath.mpf(10) ** -45 * max(1, abs(exact))
+    ours = _ours(S.bessel_iv_ratio_grad, nu, z)
+    tol = TOL_GRAD if nu >= 0.5 else 16.0 * (1 + 4 * nu) / (1 - 2 * nu)
+    assert_ulp(ours, exact, tol, "bessel_iv_ratio_grad", nu, z)
+    if nu == 0.5:
+        assert ours == pytest.approx(1 / math.cosh(z) ** 2, rel=4 * 2.0 ** -52)
+
+
+@settings(max_examples=N_EXAMPLES, **SETTINGS)
 @given(nu_z(0.0))
 @_with_examples(LOG_EXTREMES)
 def test_log_iv_grad_vs_reference(p):
@@ -406,7 +445,7 @@ def test_half_order_closed_form():
 
 GRAD_NU = [0.5, 0.75, 1.0, 2.5, 15.0, 40.0, 500.0]
 GRAD_Z = [0.05, 0.7, 3.0, 22.0, 60.0, 900.0, 800.0]
-GRAD_FNS = [S.bessel_iv_ratio, S.bessel_iv_ratio_c, S.log_bessel_iv, S.log_bessel_ive]
+GRAD_FNS = [S.bessel_iv_ratio, S.bessel_iv_ratio_c, S.bessel_iv_ratio_grad, S.log_bessel_iv, S.log_bessel_ive]
 
 
 @pytest.mark.parametrize("fn", GRAD_FNS, ids=lambda f: f.__name__)
@@ -495,7 +534,7 @@ def test_out_of_domain_is_nan(device, dtype):
     z = torch.tensor([1.0, -1.0, 1.0, NAN, 1.0, 1.0], dtype=dtype, device=device)
     assert torch.isnan(S.bessel_iv_ratio_c(nu, z)).all()  # domain nu >= 1/2
     # domain nu >= 0 (the ratio below 1/2: issue 12; values against mpmath in tests/test_extremes.py)
-    for fn in (S.bessel_iv_ratio, S.log_bessel_iv, S.log_bessel_ive):
+    for fn in (S.bessel_iv_ratio, S.bessel_iv_ratio_grad, S.log_bessel_iv, S.log_bessel_ive):
         out = fn(nu, z)
         assert torch.isnan(out[:4]).all() and torch.isfinite(out[4:]).all(), (fn.__name__, out)
     lo, hi = S.bessel_iv_ratio_bounds(nu, z, theorem=5)
@@ -526,11 +565,15 @@ def test_boundary_conventions(device, dtype):
         assert ev(S.bessel_iv_ratio, INF, nu) == 0.0
         assert ev(S.bessel_iv_ratio_c, INF, nu) == 1.0
         assert ev(S.log_bessel_iv, INF, nu) == -INF
+        assert ev(S.bessel_iv_ratio_grad, nu, 0.0) == torch.tensor(0.5 / nu, dtype=dtype).item()
+        assert ev(S.bessel_iv_ratio_grad, nu, INF) == 0.0
+        assert ev(S.bessel_iv_ratio_grad, INF, nu) == 0.0
+    assert ev(S.bessel_iv_ratio_grad, 0.0, 0.0) == -INF
     assert ev(S.log_bessel_iv, 0.0, 0.0) == 0.0
     assert ev(S.log_bessel_ive, 0.0, 0.0) == 0.0
     assert ev(S.log_bessel_iv, 0.0, INF) == INF
     assert ev(S.log_bessel_ive, 0.0, INF) == -INF
-    for fn in (S.bessel_iv_ratio, S.bessel_iv_ratio_c, S.log_bessel_iv, S.log_bessel_ive):
+    for fn in (S.bessel_iv_ratio, S.bessel_iv_ratio_c, S.bessel_iv_ratio_grad, S.log_bessel_iv, S.log_bessel_ive):
         assert math.isnan(ev(fn, INF, INF)), fn.__name__
 
 
@@ -549,6 +592,8 @@ def test_bad_types_name_the_argument():
         S.bessel_iv_ratio("1.0", 2.0)
     with pytest.raises(TypeError, match="z"):
         S.log_bessel_iv(1.0, [2.0])
+    with pytest.raises(TypeError, match="bessel_iv_ratio_grad: nu"):
+        S.bessel_iv_ratio_grad(None, 2.0)
     with pytest.raises(ValueError, match="theorem"):
         S.bessel_iv_ratio_bounds(1.0, 2.0, theorem=3)
     with pytest.raises(RuntimeError, match="theorem"):
