@@ -79,7 +79,7 @@ def test_factors_and_marglik_match_laplace_torch(likelihood, kw):
     # (laplace-torch spreads the regression loss's factor 1/2 as sqrt(1/2) over both factors)
     for F, b in zip(ref.H_facs.kfacs, ours.blocks):
         ref_block = torch.kron(F[0], F[1]) if len(F) == 2 else F[0]
-        assert _rel(torch.kron(b.G, b.A), ref_block) < 1e-12
+        assert _rel(torch.kron(b.factor.G, b.factor.A), ref_block) < 1e-12
     assert ours.n_params == ref.n_params and torch.equal(ours.mean, ref.mean)
     assert abs(float(ours.log_likelihood - ref.log_likelihood)) <= RTOL * abs(float(ref.log_likelihood))
     for pp in (None, 0.05, 30.0, torch.tensor([0.3, 2.0, 1.5, 0.9], dtype=DT)):
@@ -233,13 +233,13 @@ def _dense_precision(la, kind="kfac"):
         d = float(la._delta(i))
         n = b.numel
         if kind == "ekfac":
-            Q = torch.kron(b.q_out, b.q_in)
-            blk = Q @ torch.diag(h * b.scales.reshape(-1) + d) @ Q.T
+            Q = torch.kron(b.factor.q_g, b.factor.q_a)
+            blk = Q @ torch.diag(h * b.factor.moments.reshape(-1) + d) @ Q.T
         elif kind == "damped" and b.kind != "bias":
-            blk = torch.kron(math.sqrt(h) * b.G + math.sqrt(d) * torch.eye(b.out_dim, dtype=DT),
-                             math.sqrt(h) * b.A + math.sqrt(d) * torch.eye(b.in_dim, dtype=DT))
+            blk = torch.kron(math.sqrt(h) * b.factor.G + math.sqrt(d) * torch.eye(b.out_dim, dtype=DT),
+                             math.sqrt(h) * b.factor.A + math.sqrt(d) * torch.eye(b.in_dim, dtype=DT))
         else:
-            blk = h * torch.kron(b.G, b.A) + d * torch.eye(n, dtype=DT)
+            blk = h * torch.kron(b.factor.G, b.factor.A) + d * torch.eye(n, dtype=DT)
         idx = _block_index(la, b)
         P[idx[:, None], idx[None, :]] = blk
     return P
@@ -249,11 +249,11 @@ def _block_index(la, b):
     """Positions in the parameter vector of the block's row-major (out, in) entries."""
     if b.kind == "joint":
         w, bias = b.params
-        ow, ob = la._offsets[id(w)], la._offsets[id(bias)]
+        ow, ob = la._layout.offsets[id(w)], la._layout.offsets[id(bias)]
         wi = (ow + torch.arange(w.numel())).reshape(b.out_dim, -1)
         bi = (ob + torch.arange(bias.numel())).reshape(b.out_dim, 1)
         return torch.cat([wi, bi], 1).reshape(-1)
-    o = la._offsets[id(b.params[0])]
+    o = la._layout.offsets[id(b.params[0])]
     return o + torch.arange(b.params[0].numel())
 
 
@@ -302,9 +302,9 @@ def test_ekfac_scales_are_the_ggn_diagonal_in_the_kfac_basis(likelihood, separat
     ggn, _ = _dense_ggn(model, X, likelihood)
     for b in la.blocks:
         idx = _block_index(la, b)
-        Q = torch.kron(b.q_out, b.q_in)
+        Q = torch.kron(b.factor.q_g, b.factor.q_a)
         ref = (Q.T @ ggn[idx[:, None], idx[None, :]] @ Q).diagonal().reshape(b.out_dim, b.in_dim)
-        assert _rel(b.scales, ref) < 1e-10, b.name
+        assert _rel(b.factor.moments, ref) < 1e-10, b.name
 
 
 def test_kfac_is_exact_for_one_example_and_one_layer():
@@ -318,7 +318,7 @@ def test_kfac_is_exact_for_one_example_and_one_layer():
     ggn, _ = _dense_ggn(model, X, "classification")
     b = la.blocks[0]
     idx = _block_index(la, b)
-    assert _rel(torch.kron(b.G, b.A), ggn[idx[:, None], idx[None, :]]) < 1e-12
+    assert _rel(torch.kron(b.factor.G, b.factor.A), ggn[idx[:, None], idx[None, :]]) < 1e-12
 
 
 @pytest.mark.parametrize("cls,kw", [(KFACLaplace, {}), (KFACLaplace, dict(damping=True)),
@@ -409,18 +409,18 @@ def test_other_fisher_types(fisher_type):
     p = out.softmax(-1)
     if fisher_type == "empirical":
         g = p - nn.functional.one_hot(y, 3).to(DT)
-        torch.testing.assert_close(la.blocks[3].G, g.T @ g, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(la.blocks[3].factor.G, g.T @ g, rtol=1e-12, atol=1e-14)
         return
     eye = torch.eye(3, dtype=DT)
     g = p[:, None, :] - eye[None]  # (N, y, K): the output gradient for each possible label
     x = g[:, :, :, None] * g[:, :, None, :]  # (N, y, K, K)
     mean = torch.einsum("ny,nykl->kl", p, x)
     var = torch.einsum("ny,nykl->kl", p, x.square()) - torch.einsum("ny,nykl->nkl", p, x).square().sum(0)
-    z = (la.blocks[3].G - mean) / (var / S).sqrt()
+    z = (la.blocks[3].factor.G - mean) / (var / S).sqrt()
     assert float(z.abs().max()) < 5.0
     ggn = KFACLaplace(model, "classification")
     ggn.fit(_loader(X, y, batch_size=40))
-    torch.testing.assert_close(ggn.blocks[3].G, mean, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(ggn.blocks[3].factor.G, mean, rtol=1e-12, atol=1e-14)
 
 
 # ---------------------------------------------------------------------------- bad input

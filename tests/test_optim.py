@@ -122,7 +122,7 @@ def test_one_step_is_the_damped_natural_gradient(cls, likelihood, fisher_type):
                            lf.A + pi * math.sqrt(gam) * torch.eye(lf.A.shape[0], dtype=DT))
         else:
             Q = torch.kron(lf.q_g, lf.q_a)
-            P = Q @ torch.diag(lf.eigenvalues.reshape(-1) + gam) @ Q.T
+            P = Q @ torch.diag(lf.moments.reshape(-1) + gam) @ Q.T
         expected[n] = mu[n] + lr * torch.linalg.solve(P, v).reshape(mu[n].shape)
     opt = cls(model, N, likelihood, sigma_noise=sigma, noise=False, fisher_type=fisher_type, kl_weight=lam,
               prior_var=eta, damping=gex, lr=lr, kl_clip=None, T_stats=1, T_inv=1, T_scale=1, seed=seed)

@@ -15,7 +15,7 @@ from typing import Tuple, Union
 import torch
 
 __all__ = ["symmetrise", "eigen_basis", "trace_norm_pi", "kfac_eigenvalues", "damped_kfac_eigenvalues",
-           "damped_kfac_factors", "running_average_weight", "check_finite"]
+           "damped_kfac_factors", "running_average_weight", "require_finite"]
 
 
 def symmetrise(m: torch.Tensor) -> torch.Tensor:
@@ -81,8 +81,9 @@ def running_average_weight(beta: float, count: int) -> float:
     return max(float(beta), 1.0 / max(int(count), 1))
 
 
-def check_finite(name: str, what: str, t: torch.Tensor) -> None:
-    """``FloatingPointError`` naming the layer when ``t`` holds a NaN or an infinity."""
+def require_finite(name: str, what: str, t: torch.Tensor) -> None:
+    """``FloatingPointError`` naming the layer ``name`` and the quantity ``what`` when ``t`` holds a NaN or an
+    infinity.  (``vmfdist.nn.check_finite`` is the model-level check of the Bayesian layers.)"""
     if not bool(torch.isfinite(t).all()):
         raise FloatingPointError(f"non-finite values in the {what} of layer {name!r} (check the inputs, the loss "
                                  "and the learning rate)")

@@ -1,5 +1,6 @@
-"""Which parameters a Kronecker-factored Laplace approximation covers, and how it sees a
-layer's input and output during a forward pass.
+"""The blocks of a Kronecker-factored Laplace posterior: which parameters it covers, how
+they sit in the parameter vector, and how it sees a layer's input and output during a
+forward pass.
 
 The Laplace classes cover every parameter that requires a gradient.  Each such parameter
 must belong to a supported layer (``torch.nn.Linear`` or an ungrouped, zero-padded
@@ -15,7 +16,7 @@ from typing import Dict, List, Optional
 import torch
 from torch import nn
 
-from ..curvature import check_layer, output_grads
+from ..curvature import KroneckerFactor, check_layer, output_grads
 
 SUPPORTED = (nn.Linear, nn.Conv2d)
 SUPPORTED_NAMES = "torch.nn.Linear, torch.nn.Conv2d (groups=1, padding_mode='zeros')"
@@ -38,15 +39,10 @@ class Block:
     params: List[nn.Parameter]
     out_dim: int
     in_dim: int
-    # filled by fit(): G (out x out, summed over the data), A (in x in, averaged over the data)
-    G: Optional[torch.Tensor] = None
-    A: Optional[torch.Tensor] = None
-    # eigendecomposition of the factors and (EK-FAC) the second moments in that basis
-    q_out: Optional[torch.Tensor] = None
-    eig_out: Optional[torch.Tensor] = None
-    q_in: Optional[torch.Tensor] = None
-    eig_in: Optional[torch.Tensor] = None
-    scales: Optional[torch.Tensor] = None
+    # filled by fit(): the block's Kronecker factor -- G summed over the data, A averaged over it
+    # (N E[gg^T] (x) E[aa^T]) --, its eigenbases and, for EK-FAC, the second moments in that basis
+    # (summed over the data)
+    factor: Optional[KroneckerFactor] = None
 
     @property
     def numel(self) -> int:
@@ -182,3 +178,45 @@ class Capture:
             h.remove()
         self._handles = []
         return False
+
+
+class ParameterLayout:
+    """Where each block's parameters sit in the flat parameter vector (``model.parameters()``
+    order, as laplace-torch), and the moves between that vector and the blocks' ``(out, in)``
+    matrices."""
+
+    def __init__(self, params: List[nn.Parameter]):
+        self.offsets: Dict[int, int] = {}
+        off = 0
+        for p in params:
+            self.offsets[id(p)] = off
+            off += p.numel()
+        self.numel = off
+
+    def part(self, p: nn.Parameter, vec: torch.Tensor) -> torch.Tensor:
+        """``vec[..., slice of p]``."""
+        o = self.offsets[id(p)]
+        return vec[..., o:o + p.numel()]
+
+    def block_matrix(self, b: Block, vec: torch.Tensor) -> torch.Tensor:
+        """``vec[..., n_params]`` -> the block's ``(..., out, in_blk)`` matrices (a joint block's last
+        column is the bias)."""
+        parts = [self.part(p, vec) for p in b.params]
+        lead = vec.shape[:-1]
+        if b.kind == "joint":
+            return torch.cat([parts[0].reshape(lead + (b.out_dim, -1)), parts[1].reshape(lead + (b.out_dim, 1))], -1)
+        return parts[0].reshape(lead + (b.out_dim, b.in_dim))
+
+    def scatter(self, b: Block, mat: torch.Tensor, vec: torch.Tensor) -> None:
+        """Write the block's ``(..., out, in_blk)`` matrices into ``vec[..., n_params]``."""
+        lead = mat.shape[:-2]
+        if b.kind == "joint":
+            w, bias = b.params
+            self.part(w, vec)[...] = mat[..., :-1].reshape(lead + (-1,))
+            self.part(bias, vec)[...] = mat[..., -1]
+        else:
+            self.part(b.params[0], vec)[...] = mat.reshape(lead + (-1,))
+
+    def block_square_sum(self, b: Block, vec: torch.Tensor) -> torch.Tensor:
+        """The sum of squares of the block's entries of ``vec``."""
+        return sum(self.part(p, vec).square().sum() for p in b.params)

@@ -36,21 +36,19 @@ laplace-torch switches by changing one import.  See ``docs/laplace.md``.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Callable, Dict, List, Optional, Union
 
 import torch
 from torch import nn
 
-from ..distributions import EigenvalueCorrectedMatrixNormal, MatrixNormal
-from ..curvature import (KFACHooks, check_finite, compute_kfac, eigen_basis, input_patches, output_gradients,
-                         output_grads, per_example_second_moments)
-from ._layers import Block, Capture, batched_output_grads, block_inputs, find_blocks
+from ..curvature import (KFAC_APPROX, LIKELIHOODS, KFACCollector, KroneckerFactor, batch_nll, canonical_fisher_type,
+                         check_choice, check_output, compute_kfac, input_patches, per_example_second_moments, require_finite)
+from .blocks import Block, Capture, ParameterLayout, batched_output_grads, block_inputs, find_blocks
+from .precision import KroneckerPrecision
 
 __all__ = ["KFACLaplace", "EKFACLaplace", "Laplace"]
 
-_LIKELIHOODS = ("classification", "regression")
-_FISHER_TYPES = {"ggn": "ggn", "type-2": "ggn", "type2": "ggn", "mc": "mc", "empirical": "empirical"}
-_KFAC_APPROX = ("expand", "reduce")
 _PRED_TYPES = ("glm", "nn")
 _LINK_APPROX = ("probit", "mc", "bridge", "bridge_norm")
 
@@ -76,12 +74,12 @@ class _KroneckerLaplace:
         owner = type(self).__name__
         if not isinstance(model, nn.Module):
             raise TypeError(f"{owner}: model must be a torch.nn.Module, got {type(model).__name__}")
-        if likelihood not in _LIKELIHOODS:
-            raise ValueError(f"{owner}: likelihood must be one of {_LIKELIHOODS}, got {likelihood!r}")
-        if fisher_type not in _FISHER_TYPES:
-            raise ValueError(f"{owner}: fisher_type must be one of {tuple(_FISHER_TYPES)}, got {fisher_type!r}")
-        if kfac_approx not in _KFAC_APPROX:
-            raise ValueError(f"{owner}: kfac_approx must be one of {_KFAC_APPROX}, got {kfac_approx!r}")
+        try:  # the option names of vmfdist.curvature (curvlinops'), checked once there
+            check_choice("likelihood", likelihood, LIKELIHOODS)
+            fisher_type = canonical_fisher_type(fisher_type)
+            check_choice("kfac_approx", kfac_approx, KFAC_APPROX)
+        except ValueError as e:
+            raise ValueError(f"{owner}: {e}") from None
         if not (isinstance(mc_samples, int) and mc_samples >= 1):
             raise ValueError(f"{owner}: mc_samples must be a positive int, got {mc_samples!r}")
         if damping and self._ekfac:
@@ -92,7 +90,7 @@ class _KroneckerLaplace:
         self.model = model
         self.likelihood = likelihood
         self.damping = bool(damping)
-        self.fisher_type = _FISHER_TYPES[fisher_type]
+        self.fisher_type = "ggn" if fisher_type == "type-2" else fisher_type  # laplace-torch's name
         self.kfac_approx = kfac_approx
         self.separate_weight_and_bias = bool(separate_weight_and_bias)
         self.mc_samples = mc_samples
@@ -104,11 +102,8 @@ class _KroneckerLaplace:
         self.params: List[nn.Parameter] = [p for p in model.parameters() if id(p) in covered]
         self.n_params = sum(p.numel() for p in self.params)
         self.n_layers = len(self._blocks)
-        self._offsets: Dict[int, int] = {}
-        off = 0
-        for p in self.params:
-            self._offsets[id(p)] = off
-            off += p.numel()
+        self._layout = ParameterLayout(self.params)
+        self._precision = KroneckerPrecision(self._blocks, self._layout, self._ekfac, self.damping)
         if sigma_noise != 1 and likelihood != "regression":
             raise ValueError(f"{owner}: sigma_noise != 1 is only available for regression")
         self.sigma_noise = sigma_noise
@@ -118,7 +113,7 @@ class _KroneckerLaplace:
         self.n_data = 0
         self.n_outputs = 0
         self.mean: Optional[torch.Tensor] = None
-        self._stats: Optional[Dict[int, dict]] = None
+        self._sums: Optional[Dict[int, KroneckerFactor]] = None  # per layer: A and G summed over the data
         self._fitted = False
 
     # ------------------------------------------------------------------------ properties
@@ -203,8 +198,7 @@ class _KroneckerLaplace:
         return 1.0 / self.sigma_noise.square() / self.temperature
 
     def _delta(self, i: int) -> torch.Tensor:
-        pp = self.prior_precision
-        return pp[0] if pp.numel() == 1 else pp[i]
+        return self._precision.delta(self.prior_precision, i)
 
     @property
     def prior_precision_diag(self) -> torch.Tensor:
@@ -212,8 +206,7 @@ class _KroneckerLaplace:
         out = torch.empty(self.n_params, device=self._device, dtype=self._dtype)
         for i, b in enumerate(self._blocks):
             for p in b.params:
-                o = self._offsets[id(p)]
-                out[o:o + p.numel()] = self._delta(i)
+                self._layout.part(p, out)[...] = self._delta(i)
         return out
 
     # ------------------------------------------------------------------------ fitting
@@ -226,31 +219,8 @@ class _KroneckerLaplace:
 
     def _forward_capture(self, X: torch.Tensor):
         with Capture(self._modules()) as cap, torch.enable_grad():
-            out = self.model(X)
-        if not isinstance(out, torch.Tensor) or out.dim() != 2:
-            shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise ValueError(f"{type(self).__name__}: the model must return a (batch, outputs) tensor, got {shape}")
+            out = check_output(self.model(X))
         return out, cap
-
-    def _check_batch(self, out, y) -> torch.Tensor:
-        r"""Validate one batch's output and targets; the summed loss (cross-entropy, or half
-        the squared error: the negative log-likelihood at :math:`\sigma = 1` up to its constant)."""
-        owner = type(self).__name__
-        if not isinstance(out, torch.Tensor) or out.dim() != 2:
-            shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise ValueError(f"{owner}: the model must return a (batch, outputs) tensor, got {shape}")
-        B, K = out.shape
-        if self.likelihood == "classification":
-            if y.dim() != 1 or y.shape[0] != B or y.dtype.is_floating_point or y.is_complex():
-                raise ValueError(f"{owner}: classification targets must be class indices of shape ({B},), got "
-                                 f"dtype {y.dtype} and shape {tuple(y.shape)}")
-            if bool((y < 0).any()) or bool((y >= K).any()):
-                raise ValueError(f"{owner}: classification targets must lie in [0, {K}) (the model has {K} outputs)")
-            return -out.detach().log_softmax(-1).gather(1, y[:, None]).sum()
-        if y.shape != out.shape:
-            raise ValueError(f"{owner}: regression targets must have the model output's shape {tuple(out.shape)}, "
-                             f"got {tuple(y.shape)}")
-        return 0.5 * (out.detach() - y.to(out.dtype)).square().sum()
 
     def _backprop(self, out: torch.Tensor, cap: Capture, cols: torch.Tensor, create_graph: bool = False):
         """Gradients of ``<out, cols[c]>`` with respect to every covered layer's recorded
@@ -283,28 +253,11 @@ class _KroneckerLaplace:
                               torch.cat(g_list, 2) if len(g_list) > 1 else g_list[0])
         return res
 
-    def _data(self, loader, record_loss: bool):
-        """``loader``'s ``(X, y)`` batches moved to the model's device; with ``record_loss``,
-        each batch's targets are checked and its loss added up by a forward hook on the model
-        (so the curvature pass also gives the log-likelihood)."""
-        state = {"y": None}
-
-        def hook(module, inputs, output):
-            if state["y"] is not None:
-                self.loss = self.loss + self._check_batch(output, state["y"])
-                self.n_outputs = output.shape[1]
-                state["y"] = None
-
-        handle = self.model.register_forward_hook(hook) if record_loss else None
-        try:
-            for batch in loader:
-                X, y = _unpack(batch, "train_loader")
-                X, y = X.to(self._device), y.to(self._device)
-                state["y"] = y
-                yield X, y
-        finally:
-            if handle is not None:
-                handle.remove()
+    def _data(self, loader):
+        """``loader``'s ``(X, y)`` batches, checked to be pairs and moved to the model's device."""
+        for batch in loader:
+            X, y = _unpack(batch, "train_loader")
+            yield X.to(self._device), y.to(self._device)
 
     def _layers_dict(self) -> Dict[str, nn.Module]:
         out = {}
@@ -328,10 +281,7 @@ class _KroneckerLaplace:
                              f"data cannot be moved to the new eigenbasis; fit on all the data at once")
         if train_loader is None:
             raise ValueError(f"{owner}.fit: train_loader is None; pass an iterable of (inputs, targets) batches")
-        if override or self._stats is None:
-            self._stats = {}
-            self.loss = 0.0
-            self.n_data = 0
+        fresh = override or self._sums is None
         self.model.eval()
         layers = self._layers_dict()
         gen = self.generator
@@ -340,44 +290,45 @@ class _KroneckerLaplace:
             gen.manual_seed(int(torch.randint(0, 2 ** 62, (1,))))
         gen_state = None if gen is None else gen.get_state()
         fisher = "type-2" if self.fisher_type == "ggn" else self.fisher_type
-        loss_before = self.loss
         try:
-            res = compute_kfac(self.model, self._data(train_loader, True), self.likelihood, sigma_noise=1.0,
+            res = compute_kfac(self.model, self._data(train_loader), self.likelihood, sigma_noise=1.0,
                                fisher_type=fisher, kfac_approx=self.kfac_approx, mc_samples=self.mc_samples,
                                modules=list(layers.values()), generator=gen)
         except ValueError as e:
-            self.loss = loss_before
             if "yielded no batches" in str(e):
                 raise ValueError(f"{owner}.fit: train_loader yielded no data") from None
             raise
+        # nothing of the approximation changes before the new curvature is complete
         N_new = res.num_data
-        stats = self._stats
+        sums = {}
         for name, mod in layers.items():
-            lf = res[name]
-            s = stats.setdefault(id(mod), {"A": 0.0, "G": 0.0})
-            s["A"] = s["A"] + lf.A * N_new  # sums over the data
-            s["G"] = s["G"] + lf.G * N_new
-        self.n_data += N_new
-        self._set_factors()
+            lf, old = res[name], None if fresh else self._sums[id(mod)]
+            A, G = lf.A * N_new, lf.G * N_new  # sums over the data
+            sums[id(mod)] = KroneckerFactor(A, G) if old is None else KroneckerFactor(old.A + A, old.G + G)
+        n_data = N_new if fresh else self.n_data + N_new
+        factors = self._block_factors(sums, n_data)
         if self._ekfac:
             if gen is not None:
                 gen.set_state(gen_state)
-            self._fit_ekfac(train_loader, layers, gen)
+            self._ekfac_moments(train_loader, layers, factors, gen)
+        self._sums, self.n_data = sums, n_data
+        self.loss = res.loss if fresh else self.loss + res.loss
+        self.n_outputs = res.settings["num_outputs"]
+        for b, f in zip(self._blocks, factors):
+            b.factor = f
         self.mean = torch.cat([p.detach().reshape(-1) for p in self.params])
         self._fitted = True
 
-    def _set_factors(self) -> None:
-        """Each block's ``G`` (summed over the data) and ``A`` (averaged) from the layers'
-        summed factors in ``self._stats`` (joint weight-and-bias layout, as
-        ``vmfdist.curvature`` computes them), and their eigendecompositions."""
-        N = self.n_data
+    def _block_factors(self, sums: Dict[int, KroneckerFactor], n_data: int) -> List[KroneckerFactor]:
+        """Each block's factor -- ``G`` summed over the data, ``A`` averaged -- from the layers'
+        summed factors (joint weight-and-bias layout, as ``vmfdist.curvature`` computes them),
+        with its eigenbases."""
+        out = []
         for b in self._blocks:
-            s = self._stats[id(b.module)]
-            A_full = s["A"] / N
-            b.G = s["G"]
-            b.A = {"weight": A_full[:b.in_dim, :b.in_dim], "bias": A_full[-1:, -1:], "joint": A_full}[b.kind]
-            b.eig_out, b.q_out = eigen_basis(b.G)
-            b.eig_in, b.q_in = eigen_basis(b.A)
+            s = sums[id(b.module)]
+            kind = "joint" if b.kind == "weight" and b.module.bias is None else b.kind  # no bias column in A
+            out.append(KroneckerFactor(s.A / n_data, s.G).block(kind).eigen())
+        return out
 
     @classmethod
     def from_curvature(cls, model: torch.nn.Module, likelihood: str, curvature, train_loader=None, *,
@@ -427,9 +378,8 @@ class _KroneckerLaplace:
                     return v
             return None
 
-        la._stats = {}
-        mods = la._layers_dict()
-        for name, mod in mods.items():
+        sums = {}
+        for name, mod in la._layers_dict().items():
             f = layers[name]
             A, G = get(f, "A"), get(f, "G")
             if A is None or G is None:
@@ -439,39 +389,39 @@ class _KroneckerLaplace:
                 raise ValueError(f"curvature[{name!r}]: A must be {n_in} x {n_in} (inputs with an appended 1 for "
                                  f"the bias) and G {mod.weight.shape[0]} square, got {tuple(A.shape)} and "
                                  f"{tuple(G.shape)}")
-            la._stats[id(mod)] = {"A": A.detach().to(la._dtype) * N, "G": G.detach().to(la._dtype) * (N * c_sigma2)}
-            check_finite(name, "input factor A", A)
-            check_finite(name, "gradient factor G", G)
-        la.n_data = N
-        la._set_factors()
+            require_finite(name, "input factor A", A)
+            require_finite(name, "gradient factor G", G)
+            sums[id(mod)] = KroneckerFactor(A.detach().to(la._dtype) * N, G.detach().to(la._dtype) * (N * c_sigma2))
+        factors = la._block_factors(sums, N)
         if la._ekfac:
-            for b in la._blocks:
+            for b, bf in zip(la._blocks, factors):
                 f = layers[b.module_name]
-                S, q_a, q_g = get(f, "eigenvalues", "S"), get(f, "q_a"), get(f, "q_g")
+                S, q_a, q_g = get(f, "moments", "eigenvalues", "S"), get(f, "q_a"), get(f, "q_g")
                 if S is None or q_a is None or q_g is None:
                     raise ValueError(f"EKFACLaplace.from_curvature: curvature[{b.module_name!r}] needs the EK-FAC "
-                                     f"second moments (eigenvalues / S) and the bases q_a, q_g")
+                                     f"second moments (moments) and the bases q_a, q_g")
                 if b.kind == "bias" or (b.kind == "weight" and b.module.bias is not None):
                     raise ValueError("EKFACLaplace.from_curvature needs separate_weight_and_bias=False: the second "
                                      "moments are given in the joint weight-and-bias eigenbasis")
-                b.q_out, b.q_in = q_g.detach().to(la._dtype), q_a.detach().to(la._dtype)
-                b.scales = S.detach().to(la._dtype) * (N * c_sigma2)
-                check_finite(b.name, "EK-FAC second moments", b.scales)
-        la.mean = torch.cat([p.detach().reshape(-1) for p in la.params])
-        la._fitted = True
+                bf.q_g, bf.q_a = q_g.detach().to(la._dtype), q_a.detach().to(la._dtype)
+                bf.moments = S.detach().to(la._dtype) * (N * c_sigma2)
+                require_finite(b.name, "EK-FAC second moments", bf.moments)
+        loss = None
         if train_loader is not None:
-            la.loss = 0.0
-            seen = 0
+            loss, seen = 0.0, 0
             with torch.no_grad():
-                for X, y in la._data(train_loader, False):
-                    out = la.model(X)
-                    la.loss = la.loss + la._check_batch(out, y)
+                for X, y in la._data(train_loader):
+                    out = check_output(la.model(X))
+                    loss = loss + batch_nll(out, y, la.likelihood)
                     la.n_outputs = out.shape[1]
                     seen += out.shape[0]
             if seen == 0:
                 raise ValueError("train_loader yielded no data")
-        else:
-            la.loss = None
+        for b, bf in zip(la._blocks, factors):
+            b.factor = bf
+        la._sums, la.n_data, la.loss = sums, N, loss
+        la.mean = torch.cat([p.detach().reshape(-1) for p in la.params])
+        la._fitted = True
         return la
 
     @classmethod
@@ -487,29 +437,18 @@ class _KroneckerLaplace:
         damping with :math:`\pi` is not reproduced).  :class:`EKFACLaplace` needs a
         ``NoisyEKFAC`` (its second moments, in its eigenbasis); :class:`KFACLaplace` takes
         either.  ``train_loader`` as for :meth:`from_curvature`."""
-        for attr in ("model", "layers", "state", "num_data", "likelihood"):
+        for attr in ("model", "kronecker_factors", "num_data", "likelihood"):
             if not hasattr(optimizer, attr):
                 raise TypeError(f"from_optimizer expects a vmfdist.optim NoisyKFAC / NoisyEKFAC optimizer (missing "
                                 f"attribute {attr!r}), got {type(optimizer).__name__}")
         hp = getattr(optimizer, "hp", {})
         sigma = float(getattr(optimizer, "sigma_noise", 1.0))
-        factors = {}
-        for name, mod in optimizer.layers.items():
-            st = optimizer.state[mod.weight]
-            f = {"A": st["A"], "G": st["G"]}
-            if cls._ekfac:
-                if "S" not in st:
-                    raise ValueError("EKFACLaplace.from_optimizer needs a NoisyEKFAC optimizer (second moments in "
-                                     "the eigenbasis); use KFACLaplace.from_optimizer for NoisyKFAC")
-                f.update(S=st["S"], q_a=st["q_a"], q_g=st["q_g"])
-            factors[name] = f
-
-        class _Curv:  # the optimizer's factors, per data point, for its sigma_noise
-            pass
-
-        curv = _Curv()
-        curv.layers, curv.num_data, curv.likelihood, curv.sigma_noise = factors, optimizer.num_data, \
-            optimizer.likelihood, sigma
+        factors = optimizer.kronecker_factors()
+        if cls._ekfac and any(f.moments is None for f in factors.values()):
+            raise ValueError("EKFACLaplace.from_optimizer needs a NoisyEKFAC optimizer (second moments in "
+                             "the eigenbasis); use KFACLaplace.from_optimizer for NoisyKFAC")
+        curv = SimpleNamespace(layers=factors, num_data=optimizer.num_data, likelihood=optimizer.likelihood,
+                               sigma_noise=sigma)  # the optimizer's factors, per data point, for its sigma_noise
         if "prior_var" in hp:
             kwargs.setdefault("prior_precision", 1.0 / hp["prior_var"])
         if hp.get("kl_weight", 0) > 0:
@@ -518,50 +457,28 @@ class _KroneckerLaplace:
             kwargs.setdefault("sigma_noise", sigma)
         return cls.from_curvature(optimizer.model, optimizer.likelihood, curv, train_loader, **kwargs)
 
-    def _fit_ekfac(self, train_loader, layers: Dict[str, nn.Module], gen) -> None:
-        r"""Second pass: :math:`s = \sum_n\sum_c (Q_G^T\,\nabla_W\ell_{n,c}\,Q_A)^{\odot 2}` per block
-        (curvature's hooks, output gradients and per-example second moments)."""
-        for b in self._blocks:
-            b.scales = torch.zeros(b.out_dim, b.in_dim, dtype=b.G.dtype, device=b.G.device)
+    def _ekfac_moments(self, train_loader, layers: Dict[str, nn.Module], factors: List[KroneckerFactor], gen) -> None:
+        r"""Second pass: :math:`s = \sum_n\sum_c (Q_G^T\,\nabla_W\ell_{n,c}\,Q_A)^{\odot 2}` per block, into
+        ``factors[i].moments`` (curvature's collector, in each block's own eigenbasis)."""
+        for b, f in zip(self._blocks, factors):
+            f.moments = torch.zeros(b.out_dim, b.in_dim, dtype=f.G.dtype, device=f.G.device)
         fisher = "type-2" if self.fisher_type == "ggn" else self.fisher_type
         params = [p for b in self._blocks for p in b.params]
         by_name = {}
-        for b in self._blocks:
-            by_name.setdefault(b.module_name, []).append(b)
-        with KFACHooks(layers) as hooks, torch.enable_grad():
-            for X, y in self._data(train_loader, False):
-                hooks.clear()
-                out = self.model(X)
-                es = output_gradients(out, y, self.likelihood, fisher, 1.0, self.mc_samples, gen)
-                hooks.record_grads = True
-                for i, e in enumerate(es):
-                    torch.autograd.grad(out, params, grad_outputs=e.to(out.dtype), retain_graph=i < len(es) - 1,
-                                        allow_unused=True)
-                hooks.record_grads = False
-                for name, mod in layers.items():
-                    a_full = input_patches(mod, hooks.inputs[name])
-                    gs = [output_grads(mod, g) for g in hooks.grads[name]]
-                    for b in by_name[name]:
+        for b, f in zip(self._blocks, factors):
+            by_name.setdefault(b.module_name, []).append((b, f))
+        with KFACCollector(layers) as collector, torch.enable_grad():
+            for X, y in self._data(train_loader):
+                _, stats = collector.collect(self.model, X, y, self.likelihood, fisher, params,
+                                             mc_samples=self.mc_samples, generator=gen)
+                for name, (a_full, gs) in stats.items():
+                    for b, f in by_name[name]:
                         a = block_inputs(b, a_full)
-                        b.scales += sum(per_example_second_moments(a, g, b.q_in, b.q_out) for g in gs)
-                hooks.clear()
-        for b in self._blocks:
-            check_finite(b.name, "EK-FAC second moments", b.scales)
+                        f.moments += sum(per_example_second_moments(a, g, f.q_a, f.q_g) for g in gs)
+        for b, f in zip(self._blocks, factors):
+            require_finite(b.name, "EK-FAC second moments", f.moments)
 
     # ------------------------------------------------------------------------ the posterior
-    def _precision_eigs(self, i: int, b: Block, h=None, delta=None) -> torch.Tensor:
-        """Eigenvalues of the block's posterior precision, ``(out, in_blk)``."""
-        h = self._H_factor if h is None else h
-        delta = self._delta(i) if delta is None else delta
-        if self._ekfac:
-            return h * b.scales + delta
-        if b.kind == "bias":  # one factor (laplace-torch's bias block), never sqrt-damped
-            return (h * b.eig_out * b.eig_in[0])[:, None] + delta
-        if self.damping:
-            sh, sd = h.sqrt(), delta.sqrt()
-            return torch.outer(sh * b.eig_out + sd, sh * b.eig_in + sd)
-        return h * torch.outer(b.eig_out, b.eig_in) + delta
-
     def posterior(self) -> Dict[str, torch.distributions.Distribution]:
         """The posterior of each block as a distribution over its ``(out, in)`` parameter
         matrix (a bias is an ``(out, 1)`` matrix; a joint block's last column is the bias):
@@ -570,45 +487,7 @@ class _KroneckerLaplace:
         ``damping=True``, the :class:`~vmfdist.distributions.matrix_normal.MatrixNormal` with
         :math:`U = (\\sqrt h G + \\sqrt\\delta I)^{-1}` and :math:`V = (\\sqrt h A + \\sqrt\\delta I)^{-1}`."""
         self._check_fitted()
-        out = {}
-        h = self._H_factor.detach()
-        for i, b in enumerate(self._blocks):
-            loc = self._block_mean(b)
-            delta = self._delta(i).detach()
-            if self.damping and not self._ekfac and b.kind != "bias":
-                sd = delta.sqrt()
-                U = (b.q_out / (h.sqrt() * b.eig_out + sd)) @ b.q_out.T
-                V = (b.q_in / (h.sqrt() * b.eig_in + sd)) @ b.q_in.T
-                out[b.name] = MatrixNormal(loc, row_covariance=0.5 * (U + U.T), column_covariance=0.5 * (V + V.T))
-            else:
-                var = 1.0 / self._precision_eigs(i, b, h, delta)
-                out[b.name] = EigenvalueCorrectedMatrixNormal(loc, b.q_out, b.q_in, var)
-        return out
-
-    def _block_mean(self, b: Block) -> torch.Tensor:
-        parts = [self.mean[self._offsets[id(p)]:self._offsets[id(p)] + p.numel()] for p in b.params]
-        if b.kind == "joint":
-            return torch.cat([parts[0].reshape(b.out_dim, -1), parts[1].reshape(b.out_dim, 1)], 1)
-        return parts[0].reshape(b.out_dim, b.in_dim)
-
-    def _block_slices(self, b: Block, vec: torch.Tensor) -> torch.Tensor:
-        """``vec[..., n_params]`` -> the block's ``(..., out, in_blk)`` matrices."""
-        parts = [vec[..., self._offsets[id(p)]:self._offsets[id(p)] + p.numel()] for p in b.params]
-        lead = vec.shape[:-1]
-        if b.kind == "joint":
-            return torch.cat([parts[0].reshape(lead + (b.out_dim, -1)), parts[1].reshape(lead + (b.out_dim, 1))], -1)
-        return parts[0].reshape(lead + (b.out_dim, b.in_dim))
-
-    def _scatter_block(self, b: Block, mat: torch.Tensor, vec: torch.Tensor) -> None:
-        lead = mat.shape[:-2]
-        if b.kind == "joint":
-            w, bias = b.params
-            ow, ob = self._offsets[id(w)], self._offsets[id(bias)]
-            vec[..., ow:ow + w.numel()] = mat[..., :-1].reshape(lead + (-1,))
-            vec[..., ob:ob + bias.numel()] = mat[..., -1]
-        else:
-            o = self._offsets[id(b.params[0])]
-            vec[..., o:o + b.params[0].numel()] = mat.reshape(lead + (-1,))
+        return self._precision.posterior(self.mean, self._H_factor.detach(), self.prior_precision.detach())
 
     def sample(self, n_samples: int = 100, generator: Optional[torch.Generator] = None) -> torch.Tensor:
         """``n_samples`` draws :math:`\\theta\\sim\\mathcal N(\\theta_*, P^{-1})`, shape
@@ -617,10 +496,8 @@ class _KroneckerLaplace:
         self._check_fitted()
         if not (isinstance(n_samples, int) and n_samples >= 1):
             raise ValueError(f"n_samples must be a positive int, got {n_samples!r}")
-        out = torch.empty((n_samples, self.n_params), dtype=self._dtype, device=self._device)
-        for b, d in zip(self._blocks, self.posterior().values()):
-            self._scatter_block(b, d.sample((n_samples,), generator=generator), out)
-        return out
+        return self._precision.sample(n_samples, self.mean, self._H_factor.detach(), self.prior_precision.detach(),
+                                      generator)
 
     # ------------------------------------------------------------------------ marginal likelihood
     @property
@@ -642,21 +519,16 @@ class _KroneckerLaplace:
     def scatter(self) -> torch.Tensor:
         """:math:`(\\theta_* - \\mu_0)^T P_0 (\\theta_* - \\mu_0)`."""
         self._check_fitted()
-        d = self.mean - self.prior_mean
-        total = 0.0
-        for i, b in enumerate(self._blocks):
-            sq = sum(d[self._offsets[id(p)]:self._offsets[id(p)] + p.numel()].square().sum() for p in b.params)
-            total = total + self._delta(i) * sq
-        return total
+        return self._precision.prior_scatter(self.mean - self.prior_mean, self.prior_precision)
 
     @property
     def log_det_prior_precision(self) -> torch.Tensor:
-        return sum(b.numel * self._delta(i).log() for i, b in enumerate(self._blocks))
+        return self._precision.log_det_prior(self.prior_precision)
 
     @property
     def log_det_posterior_precision(self) -> torch.Tensor:
         self._check_fitted()
-        return sum(self._precision_eigs(i, b).log().sum() for i, b in enumerate(self._blocks))
+        return self._precision.log_det(self._H_factor, self.prior_precision)
 
     @property
     def log_det_ratio(self) -> torch.Tensor:
@@ -680,12 +552,7 @@ class _KroneckerLaplace:
     def square_norm(self, value: torch.Tensor) -> torch.Tensor:
         """:math:`(\\theta - \\theta_*)^T P (\\theta - \\theta_*)` for ``value`` ``(..., n_params)``."""
         self._check_fitted()
-        d = value - self.mean
-        total = 0.0
-        for i, b in enumerate(self._blocks):
-            r = b.q_out.T @ self._block_slices(b, d) @ b.q_in
-            total = total + (r.square() * self._precision_eigs(i, b)).sum((-2, -1))
-        return total
+        return self._precision.square_norm(value - self.mean, self._H_factor, self.prior_precision)
 
     def log_prob(self, value: torch.Tensor, normalized: bool = True) -> torch.Tensor:
         """Log density of the Laplace posterior at ``value`` ``(..., n_params)``."""
@@ -745,37 +612,13 @@ class _KroneckerLaplace:
 
     def _prior_objective(self):
         """``pp -> (log det P - log det P0 + scatter) / 2``, the part of the negative log evidence
-        that depends on the prior precision.  Without the sqrt-damped form, all likelihood
-        eigenvalues are concatenated once, so each evaluation is a few vector operations
-        instead of a loop over the blocks."""
-        h = self._H_factor.detach()
-        if self.damping and not self._ekfac:
-            def general(pp):
-                self.prior_precision = pp
-                return 0.5 * (self.log_det_ratio + self.scatter)
-            return general
-        lam, idx, sq, n = [], [], [], []
-        d = self.mean - self.prior_mean
-        for i, b in enumerate(self._blocks):
-            if self._ekfac:
-                ev = b.scales
-            elif b.kind == "bias":
-                ev = b.eig_out * b.eig_in[0]
-            else:
-                ev = torch.outer(b.eig_out, b.eig_in)
-            lam.append(h * ev.reshape(-1))
-            idx.append(torch.full((ev.numel(),), i, dtype=torch.long, device=ev.device))
-            sq.append(sum(d[self._offsets[id(p)]:self._offsets[id(p)] + p.numel()].square().sum() for p in b.params))
-            n.append(float(b.numel))
-        lam, idx = torch.cat(lam), torch.cat(idx)
-        sq = torch.stack(sq).detach()
-        n = torch.tensor(n, dtype=lam.dtype, device=lam.device)
+        that depends on the prior precision (``pp`` is set as the prior precision first)."""
+        objective = self._precision.prior_objective(self._H_factor.detach(), self.mean - self.prior_mean)
 
-        def fast(pp):
+        def set_and_evaluate(pp):
             self.prior_precision = pp
-            delta = self.prior_precision.expand(self.n_layers)
-            return 0.5 * (torch.log(lam + delta[idx]).sum() - (n * delta.log()).sum() + (delta * sq).sum())
-        return fast
+            return objective(self.prior_precision)
+        return set_and_evaluate
 
     def _gridsearch(self, grid, val_loader, pred_type, link_approx, n_samples, loss):
         data = [_unpack(b, "val_loader") for b in val_loader]
@@ -831,8 +674,8 @@ class _KroneckerLaplace:
         terms = []
         for b in self._blocks:
             a, g = grads[id(b.module)]
-            u = g @ b.q_out  # (K, B, L, out)
-            v = block_inputs(b, a) @ b.q_in  # (B, L, in)
+            u = g @ b.factor.q_g  # (K, B, L, out)
+            v = block_inputs(b, a) @ b.factor.q_a  # (B, L, in)
             if not self.enable_backprop:
                 u, v = u.detach(), v.detach()
             if u.shape[2] == 1:
@@ -844,26 +687,11 @@ class _KroneckerLaplace:
 
     def _glm_variance(self, cache) -> torch.Tensor:
         f, terms = cache
-        B, K = f.shape
-        f_var = torch.zeros((B, K, K), dtype=f.dtype, device=f.device)
-        for i, (b, (u, v)) in enumerate(zip(self._blocks, terms)):
-            d = 1.0 / self._precision_eigs(i, b)
-            if v is not None:  # u (K, B, out), v (B, in): J_{nk} = (Q_G^T d_{nk}) (Q_A^T a_n)^T
-                c = v.square() @ d.T  # (B, out)
-                f_var = f_var + torch.einsum("kbo,lbo->bkl", u, u * c)
-            else:
-                f_var = f_var + torch.einsum("kboj,lboj->bkl", u, u * d)
-        return f_var
+        return self._precision.glm_variance(f, terms, self._H_factor, self.prior_precision)
 
     def _glm_covariance(self, cache) -> torch.Tensor:
         f, terms = cache
-        B, K = f.shape
-        cov = torch.zeros((B, K, B, K), dtype=f.dtype, device=f.device)
-        for i, (b, (u, v)) in enumerate(zip(self._blocks, terms)):
-            d = 1.0 / self._precision_eigs(i, b)
-            J = torch.einsum("kbo,bj->kboj", u, v) if v is not None else u
-            cov = cov + torch.einsum("kboj,lmoj->bkml", J, J * d)
-        return cov.reshape(B * K, B * K)
+        return self._precision.glm_covariance(f, terms, self._H_factor, self.prior_precision)
 
     #: largest number of entries of the per-example rotated Jacobians of a weight-sharing
     #: layer (outputs x batch x out x in) held at once; larger batches are split
@@ -896,11 +724,7 @@ class _KroneckerLaplace:
         self._check_fitted()
         if Js.dim() != 3 or Js.shape[-1] != self.n_params:
             raise ValueError(f"Js must have shape (batch, outputs, n_params={self.n_params}), got {tuple(Js.shape)}")
-        f_var = 0.0
-        for i, b in enumerate(self._blocks):
-            r = b.q_out.T @ self._block_slices(b, Js) @ b.q_in
-            f_var = f_var + torch.einsum("bkoj,bloj->bkl", r, r / self._precision_eigs(i, b))
-        return f_var
+        return self._precision.functional_variance(Js, self._H_factor, self.prior_precision)
 
     def _link(self, f_mu, f_var, link_approx, n_samples, generator, diagonal_output, joint):
         if self.likelihood == "regression":
@@ -987,8 +811,7 @@ class _KroneckerLaplace:
         try:
             for theta in thetas:
                 for p in self.params:
-                    o = self._offsets[id(p)]
-                    p.copy_(theta[o:o + p.numel()].reshape(p.shape))
+                    p.copy_(self._layout.part(p, theta).reshape(p.shape))
                 fs.append(self.model(x.to(self._device), **model_kwargs).detach())
         finally:
             for p, s in zip(self.params, saved):

@@ -50,9 +50,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..curvature import (KFACHooks, check_finite, check_targets, damped_kfac_eigenvalues, eigen_basis, find_layers,
-                         input_patches, output_gradients, output_grads, per_example_second_moments, resolve_loss,
-                         running_average_weight, trace_norm_pi, weight_matrix)
+from ..curvature import (KFACCollector, KroneckerFactor, check_output, check_targets, damped_kfac_eigenvalues, eigen_basis,
+                         find_layers, input_patches, output_gradients, output_grads, per_example_second_moments,
+                         require_finite, resolve_loss, running_average_weight, trace_norm_pi, weight_matrix)
 from ..curvature.layers import layer_shape
 from ..distributions import EigenvalueCorrectedMatrixNormal, MatrixNormal
 from .._ops import lib
@@ -286,7 +286,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
             st["pi"] = torch.ones((), **kw)
             if self._ekfac:
                 st["S"] = torch.ones(out, inn, **kw)
-        self._hooks = KFACHooks(self.layers, capture_outputs=True)
+        self._hooks = KFACCollector(self.layers, capture_outputs=True)
         self._hooks.record_inputs = False
         # each layer's weight and bias become views into one (out, in+1) matrix [W | b], so that a
         # sample or a mean is written with one copy (move the model to its device/dtype first)
@@ -415,6 +415,17 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         row = c * (st["q_g"] / (st["d_g"] + r / pi)) @ st["q_g"].T
         col = (st["q_a"] / (st["d_a"] + r * pi)) @ st["q_a"].T
         return MatrixNormal(mean, 0.5 * (row + row.T), 0.5 * (col + col.T))
+
+    def kronecker_factors(self) -> Dict[str, KroneckerFactor]:
+        """Each layer's current curvature as a :class:`~vmfdist.curvature.KroneckerFactor` (the running
+        averages ``A``, ``G`` per data point at this optimizer's ``sigma_noise``, their eigenbases as of
+        the last basis update, and for noisy EK-FAC the second ``moments`` in that basis), by layer
+        name.  The tensors are the optimizer's own (replaced, never modified in place, by later steps)."""
+        out = {}
+        for name, mod in self.layers.items():
+            st = self.state[mod.weight]
+            out[name] = KroneckerFactor(st["A"], st["G"], st["d_a"], st["q_a"], st["d_g"], st["q_g"], st.get("S"))
+        return out
 
     def _sample_layer(self, st, mean, generator):
         return _sample_now(mean, st["q_g"], st["q_a"], self._posterior_variance(st), generator)
@@ -558,10 +569,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                 hooks.record_inputs = need_acts
                 hooks.record_grads = need_acts
                 if stacked:
-                    out2 = self.model(torch.cat([xs, xs]))
-                    if out2.dim() != 2:
-                        raise ValueError(f"the model output must have shape (batch, outputs), got "
-                                         f"{tuple(out2.shape)}")
+                    out2 = check_output(self.model(torch.cat([xs, xs])))
                     out = out2[:chunk]
                     ys = check_targets(out, ys, self.likelihood)
                     f = out.detach()
@@ -592,9 +600,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                             raise
                         self._output_grads(out2, torch.cat([e_loss, e_stat.to(out.dtype)]), False)
                 else:
-                    out = self.model(xs)
-                    if out.dim() != 2:
-                        raise ValueError(f"the model output must have shape (batch, outputs), got {tuple(out.shape)}")
+                    out = check_output(self.model(xs))
                     ys = check_targets(out, ys, self.likelihood)
                     if need_acts:
                         try:
@@ -682,8 +688,8 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                 for i, st in enumerate(states):
                     n = layers[i][0]
                     if rank == 0:
-                        check_finite(n, "input factor A", st["A"])
-                        check_finite(n, "gradient factor G", st["G"])
+                        require_finite(n, "input factor A", st["A"])
+                        require_finite(n, "gradient factor G", st["G"])
                         st["d_a"], st["q_a"] = eigen_basis(st["A"], self.min_eigenvalue)
                         st["d_g"], st["q_g"] = eigen_basis(st["G"], self.min_eigenvalue)
                         st["pi"] = trace_norm_pi(st["A"], st["G"])
@@ -736,7 +742,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         vg = float(check)
         if not math.isfinite(vg):
             for (n, _), d in zip(layers, deltas):
-                check_finite(n, "natural-gradient step", d)
+                require_finite(n, "natural-gradient step", d)
             raise FloatingPointError(f"non-finite natural-gradient step (loss {float(loss)})")
         nu = 1.0
         if self.kl_clip is not None and vg > 0:
