@@ -16,7 +16,8 @@ from typing import Dict, List, Optional
 import torch
 from torch import nn
 
-from ..curvature import KroneckerFactor, check_layer, output_grads
+from ..curvature import (KFACCollector, KroneckerFactor, check_layer, output_grads, per_example_second_moments,
+                         require_finite)
 
 SUPPORTED = (nn.Linear, nn.Conv2d)
 SUPPORTED_NAMES = "torch.nn.Linear, torch.nn.Conv2d (groups=1, padding_mode='zeros')"
@@ -220,3 +221,74 @@ class ParameterLayout:
     def block_square_sum(self, b: Block, vec: torch.Tensor) -> torch.Tensor:
         """The sum of squares of the block's entries of ``vec``."""
         return sum(self.part(p, vec).square().sum() for p in b.params)
+
+
+# ---- factors computed elsewhere (from_curvature, from_optimizer) -------------------------------------------------
+def _field(f, *names):
+    """The first of ``names`` that ``f`` (a dict or an object) holds, or ``None``."""
+    for n in names:
+        v = f.get(n) if isinstance(f, dict) else getattr(f, n, None)
+        if v is not None:
+            return v
+    return None
+
+
+def given_layer_factor(name: str, f, module: nn.Module, dtype: torch.dtype) -> KroneckerFactor:
+    """A layer's ``A`` and ``G`` from ``f`` (a :class:`~vmfdist.curvature.KroneckerFactor`, an object or a
+    dict with ``A`` and ``G`` in curvature's joint layout), checked against the layer and for
+    finiteness, detached, in ``dtype``."""
+    A, G = _field(f, "A"), _field(f, "G")
+    if A is None or G is None:
+        raise ValueError(f"curvature[{name!r}] has no A or G factor")
+    n_in = module.weight[0].numel() + (module.bias is not None)
+    if tuple(A.shape) != (n_in, n_in) or tuple(G.shape) != (module.weight.shape[0],) * 2:
+        raise ValueError(f"curvature[{name!r}]: A must be {n_in} x {n_in} (inputs with an appended 1 for the bias) "
+                         f"and G {module.weight.shape[0]} square, got {tuple(A.shape)} and {tuple(G.shape)}")
+    require_finite(name, "input factor A", A)
+    require_finite(name, "gradient factor G", G)
+    return KroneckerFactor(A.detach().to(dtype), G.detach().to(dtype))
+
+
+def given_block_moments(b: Block, f, dtype: torch.dtype):
+    """``(q_g, q_a, moments)`` of a joint block from ``f`` (EK-FAC second ``moments``, also read as
+    ``eigenvalues`` or ``S``, in the basis ``q_g``, ``q_a``), detached, in ``dtype``."""
+    S, q_a, q_g = _field(f, "moments", "eigenvalues", "S"), _field(f, "q_a"), _field(f, "q_g")
+    if S is None or q_a is None or q_g is None:
+        raise ValueError(f"EKFACLaplace.from_curvature: curvature[{b.module_name!r}] needs the EK-FAC second moments "
+                         f"(moments) and the bases q_a, q_g")
+    if b.kind == "bias" or (b.kind == "weight" and b.module.bias is not None):
+        raise ValueError("EKFACLaplace.from_curvature needs separate_weight_and_bias=False: the second moments are "
+                         "given in the joint weight-and-bias eigenbasis")
+    return q_g.detach().to(dtype), q_a.detach().to(dtype), S.detach().to(dtype)
+
+
+def unpack_batch(batch, what: str):
+    """``(inputs, targets)`` from one batch of the loader ``what``, or a ``ValueError`` naming it."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    raise ValueError(f"{what} must yield (inputs, targets) pairs, got a batch of type {type(batch).__name__}"
+                     + (f" with {len(batch)} entries" if isinstance(batch, (tuple, list)) else ""))
+
+
+def collect_block_moments(model: nn.Module, blocks: List[Block], factors: List[KroneckerFactor],
+                          layers: Dict[str, nn.Module], batches, likelihood: str, fisher_type: str, mc_samples: int,
+                          generator: Optional[torch.Generator]) -> None:
+    r"""The EK-FAC pass of the Laplace: :math:`s = \sum_n\sum_c (Q_G^T\,\nabla_W\ell_{n,c}\,Q_A)^{\odot 2}`
+    per block, in each block's own eigenbasis, into ``factors[i].moments`` (curvature's collector over
+    ``batches`` of ``(X, y)``)."""
+    for b, f in zip(blocks, factors):
+        f.moments = torch.zeros(b.out_dim, b.in_dim, dtype=f.G.dtype, device=f.G.device)
+    params = [p for b in blocks for p in b.params]
+    by_name = {}
+    for b, f in zip(blocks, factors):
+        by_name.setdefault(b.module_name, []).append((b, f))
+    with KFACCollector(layers) as collector, torch.enable_grad():
+        for X, y in batches:
+            _, stats = collector.collect(model, X, y, likelihood, fisher_type, params, mc_samples=mc_samples,
+                                         generator=generator)
+            for name, (a_full, gs) in stats.items():
+                for b, f in by_name[name]:
+                    a = block_inputs(b, a_full)
+                    f.moments += sum(per_example_second_moments(a, g, f.q_a, f.q_g) for g in gs)
+    for b, f in zip(blocks, factors):
+        require_finite(b.name, "EK-FAC second moments", f.moments)

@@ -42,22 +42,17 @@ from typing import Callable, Dict, List, Optional, Union
 import torch
 from torch import nn
 
-from ..curvature import (KFAC_APPROX, LIKELIHOODS, KFACCollector, KroneckerFactor, batch_nll, canonical_fisher_type,
-                         check_choice, check_output, compute_kfac, input_patches, per_example_second_moments, require_finite)
-from .blocks import Block, Capture, ParameterLayout, batched_output_grads, block_inputs, find_blocks
-from .precision import KroneckerPrecision
+from ..curvature import (KFAC_APPROX, LIKELIHOODS, KroneckerFactor, batch_nll, canonical_fisher_type,
+                         check_choice, check_output, compute_kfac, require_finite)
+from .blocks import (Block, ParameterLayout, collect_block_moments, find_blocks, given_block_moments, given_layer_factor,
+                     unpack_batch)
+from .precision import KroneckerPrecision, checked_prior_mean, checked_prior_precision, checked_sigma_noise
+from .predictive import glm_samples, glm_terms, link, validation_loss
 
 __all__ = ["KFACLaplace", "EKFACLaplace", "Laplace"]
 
 _PRED_TYPES = ("glm", "nn")
 _LINK_APPROX = ("probit", "mc", "bridge", "bridge_norm")
-
-
-def _unpack(batch, what: str):
-    if isinstance(batch, (tuple, list)) and len(batch) == 2:
-        return batch[0], batch[1]
-    raise ValueError(f"{what} must yield (inputs, targets) pairs, got a batch of type {type(batch).__name__}"
-                     + (f" with {len(batch)} entries" if isinstance(batch, (tuple, list)) else ""))
 
 
 class _KroneckerLaplace:
@@ -136,23 +131,8 @@ class _KroneckerLaplace:
 
     @prior_precision.setter
     def prior_precision(self, prior_precision) -> None:
-        name = "prior_precision"
-        if isinstance(prior_precision, torch.Tensor):
-            pp = prior_precision.to(device=self._device, dtype=self._dtype)
-            if pp.dim() == 0:
-                pp = pp.reshape(1)
-            elif pp.dim() != 1:
-                raise ValueError(f"{name} must be a scalar or a 1-d tensor, got shape {tuple(pp.shape)}")
-        elif isinstance(prior_precision, (int, float)) and not isinstance(prior_precision, bool):
-            pp = torch.tensor([float(prior_precision)], device=self._device, dtype=self._dtype)
-        else:
-            raise ValueError(f"{name} must be a number or a tensor, got {type(prior_precision).__name__}")
-        if pp.numel() not in (1, self.n_layers):
-            raise ValueError(f"{name} must hold 1 value or one per block ({self.n_layers} blocks: "
-                             f"{[b.name for b in self._blocks]}), got {pp.numel()} values")
-        if not bool(torch.isfinite(pp).all()) or not bool((pp > 0).all()):
-            raise ValueError(f"{name} must be finite and positive, got {pp.detach().cpu().tolist()}")
-        self._prior_precision = pp
+        self._prior_precision = checked_prior_precision(prior_precision, [b.name for b in self._blocks],
+                                                        self._device, self._dtype)
 
     @property
     def prior_mean(self) -> torch.Tensor:
@@ -160,16 +140,7 @@ class _KroneckerLaplace:
 
     @prior_mean.setter
     def prior_mean(self, prior_mean) -> None:
-        if isinstance(prior_mean, torch.Tensor):
-            pm = prior_mean.to(device=self._device, dtype=self._dtype)
-            if pm.dim() > 1 or (pm.dim() == 1 and pm.numel() not in (1, self.n_params)):
-                raise ValueError(f"prior_mean must be a scalar or a vector of length n_params = {self.n_params}, "
-                                 f"got shape {tuple(pm.shape)}")
-        elif isinstance(prior_mean, (int, float)) and not isinstance(prior_mean, bool):
-            pm = torch.tensor(float(prior_mean), device=self._device, dtype=self._dtype)
-        else:
-            raise ValueError(f"prior_mean must be a number or a tensor, got {type(prior_mean).__name__}")
-        self._prior_mean = pm
+        self._prior_mean = checked_prior_mean(prior_mean, self.n_params, self._device, self._dtype)
 
     @property
     def sigma_noise(self) -> torch.Tensor:
@@ -177,20 +148,7 @@ class _KroneckerLaplace:
 
     @sigma_noise.setter
     def sigma_noise(self, sigma_noise) -> None:
-        if isinstance(sigma_noise, torch.Tensor):
-            s = sigma_noise.to(device=self._device, dtype=self._dtype)
-            if s.numel() != 1 or s.dim() > 1:
-                raise ValueError(f"sigma_noise must be a scalar (homoscedastic noise), got shape {tuple(s.shape)}")
-            s = s.reshape(())
-        elif isinstance(sigma_noise, (int, float)) and not isinstance(sigma_noise, bool):
-            s = torch.tensor(float(sigma_noise), device=self._device, dtype=self._dtype)
-        else:
-            raise ValueError(f"sigma_noise must be a number or a tensor, got {type(sigma_noise).__name__}")
-        if not bool(torch.isfinite(s)) or not bool(s > 0):
-            raise ValueError(f"sigma_noise must be finite and positive, got {float(s)}")
-        if self.likelihood != "regression" and float(s) != 1.0:
-            raise ValueError("sigma_noise != 1 is only available for regression")
-        self._sigma_noise = s
+        self._sigma_noise = checked_sigma_noise(sigma_noise, self.likelihood, self._device, self._dtype)
 
     @property
     def _H_factor(self) -> torch.Tensor:
@@ -214,49 +172,10 @@ class _KroneckerLaplace:
         if not self._fitted:
             raise RuntimeError(f"{type(self).__name__} is not fitted: call fit(train_loader) first")
 
-    def _modules(self) -> List[nn.Module]:
-        return [b.module for b in self._blocks]
-
-    def _forward_capture(self, X: torch.Tensor):
-        with Capture(self._modules()) as cap, torch.enable_grad():
-            out = check_output(self.model(X))
-        return out, cap
-
-    def _backprop(self, out: torch.Tensor, cap: Capture, cols: torch.Tensor, create_graph: bool = False):
-        """Gradients of ``<out, cols[c]>`` with respect to every covered layer's recorded
-        output(s), for all columns ``c`` in one batched backward pass; per module,
-        ``(patches with the appended 1 (B, L, in+1), grads (C, B, L, out))``, the calls of a
-        layer used more than once concatenated along the locations."""
-        mods = cap.modules
-        hs = [h for m in mods for h in cap.outputs.get(id(m), [])]
-        if len(hs) == 0:
-            raise RuntimeError("no covered layer was called during the forward pass")
-        if cols.shape[0] == 1:
-            gs = torch.autograd.grad(out, hs, cols[0], allow_unused=True, create_graph=create_graph)
-            gs = [None if g is None else g[None] for g in gs]
-        else:
-            gs = torch.autograd.grad(out, hs, cols, allow_unused=True, is_grads_batched=True,
-                                     create_graph=create_graph)
-        res = {}
-        k = 0
-        for m in mods:
-            a_list, g_list = [], []
-            for x in cap.inputs.get(id(m), []):
-                g, h = gs[k], hs[k]
-                k += 1
-                if g is None:
-                    g = torch.zeros((cols.shape[0],) + tuple(h.shape), dtype=h.dtype, device=h.device)
-                a_list.append(input_patches(m, x))
-                g_list.append(batched_output_grads(m, g))
-            if a_list:
-                res[id(m)] = (torch.cat(a_list, 1) if len(a_list) > 1 else a_list[0],
-                              torch.cat(g_list, 2) if len(g_list) > 1 else g_list[0])
-        return res
-
     def _data(self, loader):
         """``loader``'s ``(X, y)`` batches, checked to be pairs and moved to the model's device."""
         for batch in loader:
-            X, y = _unpack(batch, "train_loader")
+            X, y = unpack_batch(batch, "train_loader")
             yield X.to(self._device), y.to(self._device)
 
     def _layers_dict(self) -> Dict[str, nn.Module]:
@@ -310,7 +229,9 @@ class _KroneckerLaplace:
         if self._ekfac:
             if gen is not None:
                 gen.set_state(gen_state)
-            self._ekfac_moments(train_loader, layers, factors, gen)
+            fisher = "type-2" if self.fisher_type == "ggn" else self.fisher_type
+            collect_block_moments(self.model, self._blocks, factors, layers, self._data(train_loader),
+                                  self.likelihood, fisher, self.mc_samples, gen)
         self._sums, self.n_data = sums, n_data
         self.loss = res.loss if fresh else self.loss + res.loss
         self.n_outputs = res.settings["num_outputs"]
@@ -370,41 +291,15 @@ class _KroneckerLaplace:
         c_sigma2 = float(getattr(curvature, "sigma_noise", 1.0)) ** 2
         kwargs.setdefault("separate_weight_and_bias", False)
         la = cls(model, likelihood, modules=list(layers.keys()), **kwargs)
-
-        def get(f, *names):
-            for n in names:
-                v = f.get(n) if isinstance(f, dict) else getattr(f, n, None)
-                if v is not None:
-                    return v
-            return None
-
         sums = {}
         for name, mod in la._layers_dict().items():
-            f = layers[name]
-            A, G = get(f, "A"), get(f, "G")
-            if A is None or G is None:
-                raise ValueError(f"curvature[{name!r}] has no A or G factor")
-            n_in = mod.weight[0].numel() + (mod.bias is not None)
-            if tuple(A.shape) != (n_in, n_in) or tuple(G.shape) != (mod.weight.shape[0],) * 2:
-                raise ValueError(f"curvature[{name!r}]: A must be {n_in} x {n_in} (inputs with an appended 1 for "
-                                 f"the bias) and G {mod.weight.shape[0]} square, got {tuple(A.shape)} and "
-                                 f"{tuple(G.shape)}")
-            require_finite(name, "input factor A", A)
-            require_finite(name, "gradient factor G", G)
-            sums[id(mod)] = KroneckerFactor(A.detach().to(la._dtype) * N, G.detach().to(la._dtype) * (N * c_sigma2))
+            f = given_layer_factor(name, layers[name], mod, la._dtype)
+            sums[id(mod)] = KroneckerFactor(f.A * N, f.G * (N * c_sigma2))
         factors = la._block_factors(sums, N)
         if la._ekfac:
             for b, bf in zip(la._blocks, factors):
-                f = layers[b.module_name]
-                S, q_a, q_g = get(f, "moments", "eigenvalues", "S"), get(f, "q_a"), get(f, "q_g")
-                if S is None or q_a is None or q_g is None:
-                    raise ValueError(f"EKFACLaplace.from_curvature: curvature[{b.module_name!r}] needs the EK-FAC "
-                                     f"second moments (moments) and the bases q_a, q_g")
-                if b.kind == "bias" or (b.kind == "weight" and b.module.bias is not None):
-                    raise ValueError("EKFACLaplace.from_curvature needs separate_weight_and_bias=False: the second "
-                                     "moments are given in the joint weight-and-bias eigenbasis")
-                bf.q_g, bf.q_a = q_g.detach().to(la._dtype), q_a.detach().to(la._dtype)
-                bf.moments = S.detach().to(la._dtype) * (N * c_sigma2)
+                bf.q_g, bf.q_a, moments = given_block_moments(b, layers[b.module_name], la._dtype)
+                bf.moments = moments * (N * c_sigma2)
                 require_finite(b.name, "EK-FAC second moments", bf.moments)
         loss = None
         if train_loader is not None:
@@ -456,27 +351,6 @@ class _KroneckerLaplace:
         if optimizer.likelihood == "regression":
             kwargs.setdefault("sigma_noise", sigma)
         return cls.from_curvature(optimizer.model, optimizer.likelihood, curv, train_loader, **kwargs)
-
-    def _ekfac_moments(self, train_loader, layers: Dict[str, nn.Module], factors: List[KroneckerFactor], gen) -> None:
-        r"""Second pass: :math:`s = \sum_n\sum_c (Q_G^T\,\nabla_W\ell_{n,c}\,Q_A)^{\odot 2}` per block, into
-        ``factors[i].moments`` (curvature's collector, in each block's own eigenbasis)."""
-        for b, f in zip(self._blocks, factors):
-            f.moments = torch.zeros(b.out_dim, b.in_dim, dtype=f.G.dtype, device=f.G.device)
-        fisher = "type-2" if self.fisher_type == "ggn" else self.fisher_type
-        params = [p for b in self._blocks for p in b.params]
-        by_name = {}
-        for b, f in zip(self._blocks, factors):
-            by_name.setdefault(b.module_name, []).append((b, f))
-        with KFACCollector(layers) as collector, torch.enable_grad():
-            for X, y in self._data(train_loader):
-                _, stats = collector.collect(self.model, X, y, self.likelihood, fisher, params,
-                                             mc_samples=self.mc_samples, generator=gen)
-                for name, (a_full, gs) in stats.items():
-                    for b, f in by_name[name]:
-                        a = block_inputs(b, a_full)
-                        f.moments += sum(per_example_second_moments(a, g, f.q_a, f.q_g) for g in gs)
-        for b, f in zip(self._blocks, factors):
-            require_finite(b.name, "EK-FAC second moments", f.moments)
 
     # ------------------------------------------------------------------------ the posterior
     def posterior(self) -> Dict[str, torch.distributions.Distribution]:
@@ -621,7 +495,7 @@ class _KroneckerLaplace:
         return set_and_evaluate
 
     def _gridsearch(self, grid, val_loader, pred_type, link_approx, n_samples, loss):
-        data = [_unpack(b, "val_loader") for b in val_loader]
+        data = [unpack_batch(b, "val_loader") for b in val_loader]
         if not data:
             raise ValueError("val_loader yielded no data")
         # the Jacobian projections do not depend on the prior precision: compute them once
@@ -636,54 +510,21 @@ class _KroneckerLaplace:
                 for j, (X, y) in enumerate(data):
                     if cache is not None:
                         f_mu, f_var = cache[j][0], self._glm_variance(cache[j])
-                        pred = self._link(f_mu, f_var, link_approx, n_samples, None, False, False)
+                        pred = (f_mu, f_var) if self.likelihood == "regression" else link(f_mu, f_var, link_approx,
+                                                                                           n_samples)
                     else:
                         pred = self(X, pred_type=pred_type, link_approx=link_approx, n_samples=n_samples)
                     preds.append(pred)
                     ys.append(y.to(self._device))
-                results.append(float(self._val_loss(preds, ys, loss)))
+                results.append(float(validation_loss(preds, ys, loss, self.sigma_noise)))
             except (torch.linalg.LinAlgError, ValueError):
                 results.append(math.inf)
         best = min(range(len(results)), key=lambda k: (not math.isfinite(results[k]), results[k]))
         return grid[best]
 
-    def _val_loss(self, preds, ys, loss):
-        y = torch.cat(ys)
-        if isinstance(preds[0], tuple):
-            mu = torch.cat([p[0] for p in preds])
-            var = torch.cat([p[1] for p in preds])
-            if loss is not None:
-                return loss((mu, var), y)
-            if var.dim() == 3:
-                var = var.diagonal(dim1=-2, dim2=-1)
-            var = var + self.sigma_noise.detach().square()
-            return (0.5 * (torch.log(2 * math.pi * var) + (y - mu).square() / var)).sum(-1).mean()
-        probs = torch.cat(preds)
-        if loss is not None:
-            return loss(probs, y)
-        return -probs.clamp_min(torch.finfo(probs.dtype).tiny).log().gather(1, y[:, None].long()).mean()
-
     # ------------------------------------------------------------------------ predictive
     def _glm_terms(self, X: torch.Tensor):
-        """One forward pass and one batched backward pass: ``f(x)`` and, per block, the
-        output Jacobians of the layer rotated into the Kronecker eigenbasis."""
-        out, cap = self._forward_capture(X)
-        B, K = out.shape
-        eye = torch.eye(K, dtype=out.dtype, device=out.device)[:, None, :].expand(K, B, K)
-        grads = self._backprop(out, cap, eye, create_graph=self.enable_backprop)
-        terms = []
-        for b in self._blocks:
-            a, g = grads[id(b.module)]
-            u = g @ b.factor.q_g  # (K, B, L, out)
-            v = block_inputs(b, a) @ b.factor.q_a  # (B, L, in)
-            if not self.enable_backprop:
-                u, v = u.detach(), v.detach()
-            if u.shape[2] == 1:
-                terms.append((u[:, :, 0], v[:, 0]))
-            else:
-                terms.append((torch.einsum("kblo,blj->kboj", u, v), None))
-        f = out if self.enable_backprop else out.detach()
-        return f, terms
+        return glm_terms(self.model, self._blocks, X, self.enable_backprop)
 
     def _glm_variance(self, cache) -> torch.Tensor:
         f, terms = cache
@@ -726,39 +567,6 @@ class _KroneckerLaplace:
             raise ValueError(f"Js must have shape (batch, outputs, n_params={self.n_params}), got {tuple(Js.shape)}")
         return self._precision.functional_variance(Js, self._H_factor, self.prior_precision)
 
-    def _link(self, f_mu, f_var, link_approx, n_samples, generator, diagonal_output, joint):
-        if self.likelihood == "regression":
-            return f_mu, f_var
-        if link_approx == "probit":
-            kappa = 1.0 / torch.sqrt(1.0 + math.pi / 8.0 * f_var.diagonal(dim1=-2, dim2=-1))
-            return torch.softmax(kappa * f_mu, dim=-1)
-        if link_approx == "mc":
-            return self._glm_samples(f_mu, f_var, n_samples, generator, diagonal_output).softmax(-1).mean(0)
-        # the Laplace bridge (Hobbhahn et al. 2022), after laplace-torch
-        f_mu = f_mu - f_var.sum(-1) * f_mu.sum(-1, keepdim=True) / f_var.sum((-2, -1))[:, None]
-        f_var = f_var - torch.einsum("bi,bj->bij", f_var.sum(-1), f_var.sum(-2)) / f_var.sum((-2, -1))[:, None, None]
-        K = f_mu.shape[-1]
-        f_var_diag = f_var.diagonal(dim1=-2, dim2=-1)
-        if link_approx == "bridge_norm":
-            m = f_var_diag.mean(-1) / math.sqrt(K / 2)
-            f_mu = f_mu / m.sqrt()[:, None]
-            f_var_diag = f_var_diag / m[:, None]
-        sum_exp = torch.exp(-f_mu).sum(-1, keepdim=True)
-        alpha = (1 - 2 / K + f_mu.exp() / K ** 2 * sum_exp) / f_var_diag
-        return torch.nan_to_num(alpha / alpha.sum(-1, keepdim=True), nan=1.0)
-
-    @staticmethod
-    def _glm_samples(f_mu, f_var, n_samples, generator, diagonal_output):
-        eps = torch.randn((n_samples,) + tuple(f_mu.shape), dtype=f_mu.dtype, device=f_mu.device,
-                          generator=generator)
-        if diagonal_output:
-            return f_mu + eps * f_var.diagonal(dim1=-2, dim2=-1).clamp_min(0).sqrt()
-        L, info = torch.linalg.cholesky_ex(f_var)
-        if bool((info != 0).any()):  # singular output covariance: a symmetric square root
-            w, Q = torch.linalg.eigh(f_var)
-            L = Q * w.clamp_min(0).sqrt()[..., None, :]
-        return f_mu + torch.einsum("bij,sbj->sbi", L, eps)
-
     def __call__(self, x: torch.Tensor, pred_type: str = "glm", joint: bool = False, link_approx: str = "probit",
                  n_samples: int = 100, diagonal_output: bool = False, generator: Optional[torch.Generator] = None,
                  fitting: bool = False, **model_kwargs):
@@ -794,7 +602,7 @@ class _KroneckerLaplace:
                 if diagonal_output and not joint:
                     f_var = f_var.diagonal(dim1=-2, dim2=-1)
                 return f_mu, f_var
-            return self._link(f_mu, f_var, link_approx, n_samples, generator, diagonal_output, joint)
+            return link(f_mu, f_var, link_approx, n_samples, generator, diagonal_output)
         fs = self._nn_functional_samples(x, n_samples, generator, **model_kwargs)
         if self.likelihood == "regression":
             return fs.mean(0), fs.var(0)
@@ -823,7 +631,7 @@ class _KroneckerLaplace:
         self._check_fitted()
         if pred_type == "glm":
             f_mu, f_var = self._glm_predictive_distribution(x)
-            return self._glm_samples(f_mu, f_var, n_samples, generator, diagonal_output)
+            return glm_samples(f_mu, f_var, n_samples, generator, diagonal_output)
         if pred_type == "nn":
             return self._nn_functional_samples(x, n_samples, generator)
         raise ValueError(f"pred_type must be one of {_PRED_TYPES}, got {pred_type!r}")

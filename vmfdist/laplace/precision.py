@@ -22,7 +22,7 @@ import torch
 from ..distributions import EigenvalueCorrectedMatrixNormal, MatrixNormal
 from .blocks import Block, ParameterLayout
 
-__all__ = ["KroneckerPrecision"]
+__all__ = ["KroneckerPrecision", "checked_prior_precision", "checked_prior_mean", "checked_sigma_noise"]
 
 
 class KroneckerPrecision:
@@ -182,3 +182,60 @@ class KroneckerPrecision:
             J = torch.einsum("kbo,bj->kboj", u, v) if v is not None else u
             cov = cov + torch.einsum("kboj,lmoj->bkml", J, J * d)
         return cov.reshape(B * K, B * K)
+
+
+# ---- the hyper-parameters, checked ------------------------------------------------------------------------------
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def checked_prior_precision(value, block_names: List[str], device, dtype) -> torch.Tensor:
+    """``prior_precision`` as a 1-d tensor of one value or one per block, finite and positive."""
+    name, n_blocks = "prior_precision", len(block_names)
+    if isinstance(value, torch.Tensor):
+        pp = value.to(device=device, dtype=dtype)
+        if pp.dim() == 0:
+            pp = pp.reshape(1)
+        elif pp.dim() != 1:
+            raise ValueError(f"{name} must be a scalar or a 1-d tensor, got shape {tuple(pp.shape)}")
+    elif _number(value):
+        pp = torch.tensor([float(value)], device=device, dtype=dtype)
+    else:
+        raise ValueError(f"{name} must be a number or a tensor, got {type(value).__name__}")
+    if pp.numel() not in (1, n_blocks):
+        raise ValueError(f"{name} must hold 1 value or one per block ({n_blocks} blocks: {block_names}), got "
+                         f"{pp.numel()} values")
+    if not bool(torch.isfinite(pp).all()) or not bool((pp > 0).all()):
+        raise ValueError(f"{name} must be finite and positive, got {pp.detach().cpu().tolist()}")
+    return pp
+
+
+def checked_prior_mean(value, n_params: int, device, dtype) -> torch.Tensor:
+    """``prior_mean`` as a scalar tensor or an ``(n_params,)`` vector."""
+    if isinstance(value, torch.Tensor):
+        pm = value.to(device=device, dtype=dtype)
+        if pm.dim() > 1 or (pm.dim() == 1 and pm.numel() not in (1, n_params)):
+            raise ValueError(f"prior_mean must be a scalar or a vector of length n_params = {n_params}, got shape "
+                             f"{tuple(pm.shape)}")
+        return pm
+    if _number(value):
+        return torch.tensor(float(value), device=device, dtype=dtype)
+    raise ValueError(f"prior_mean must be a number or a tensor, got {type(value).__name__}")
+
+
+def checked_sigma_noise(value, likelihood: str, device, dtype) -> torch.Tensor:
+    """``sigma_noise`` as a finite positive 0-dim tensor (1 unless ``likelihood`` is regression)."""
+    if isinstance(value, torch.Tensor):
+        s = value.to(device=device, dtype=dtype)
+        if s.numel() != 1 or s.dim() > 1:
+            raise ValueError(f"sigma_noise must be a scalar (homoscedastic noise), got shape {tuple(s.shape)}")
+        s = s.reshape(())
+    elif _number(value):
+        s = torch.tensor(float(value), device=device, dtype=dtype)
+    else:
+        raise ValueError(f"sigma_noise must be a number or a tensor, got {type(value).__name__}")
+    if not bool(torch.isfinite(s)) or not bool(s > 0):
+        raise ValueError(f"sigma_noise must be finite and positive, got {float(s)}")
+    if likelihood != "regression" and float(s) != 1.0:
+        raise ValueError("sigma_noise != 1 is only available for regression")
+    return s

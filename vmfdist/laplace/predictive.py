@@ -1,0 +1,132 @@
+r"""The GLM (linearised-network) predictive of the Kronecker-factored Laplace approximations:
+the rotated output Jacobians of each block, the link approximations for classification and
+Gaussian draws of the logits.  The functional variances themselves are
+:class:`~vmfdist.laplace.precision.KroneckerPrecision`'s."""
+from __future__ import annotations
+
+import math
+from typing import List
+
+import torch
+from torch import nn
+
+from ..curvature import check_output, input_patches
+from .blocks import Block, Capture, batched_output_grads, block_inputs
+
+__all__ = ["glm_terms", "link", "glm_samples", "validation_loss"]
+
+
+def glm_terms(model: nn.Module, blocks: List[Block], X: torch.Tensor, enable_backprop: bool = False):
+    """One forward pass and one batched backward pass: ``(f(x), terms)`` with, per block, the
+    output Jacobians of the layer rotated into the block's Kronecker eigenbasis: ``(u, v)`` with ``u``
+    ``(outputs, batch, out)`` and ``v`` ``(batch, in)`` for one location per example, else
+    ``(per-example rotated Jacobians (outputs, batch, out, in), None)``.  The ``(outputs x n_params)``
+    Jacobian is never formed."""
+    with Capture([b.module for b in blocks]) as cap, torch.enable_grad():
+        out = check_output(model(X))
+    B, K = out.shape
+    eye = torch.eye(K, dtype=out.dtype, device=out.device)[:, None, :].expand(K, B, K)
+    grads = _backprop(out, cap, eye, create_graph=enable_backprop)
+    terms = []
+    for b in blocks:
+        a, g = grads[id(b.module)]
+        u = g @ b.factor.q_g  # (K, B, L, out)
+        v = block_inputs(b, a) @ b.factor.q_a  # (B, L, in)
+        if not enable_backprop:
+            u, v = u.detach(), v.detach()
+        if u.shape[2] == 1:
+            terms.append((u[:, :, 0], v[:, 0]))
+        else:
+            terms.append((torch.einsum("kblo,blj->kboj", u, v), None))
+    f = out if enable_backprop else out.detach()
+    return f, terms
+
+
+def _backprop(out: torch.Tensor, cap: Capture, cols: torch.Tensor, create_graph: bool = False):
+    """Gradients of ``<out, cols[c]>`` with respect to every covered layer's recorded
+    output(s), for all columns ``c`` in one batched backward pass; per module,
+    ``(patches with the appended 1 (B, L, in+1), grads (C, B, L, out))``, the calls of a
+    layer used more than once concatenated along the locations."""
+    mods = cap.modules
+    hs = [h for m in mods for h in cap.outputs.get(id(m), [])]
+    if len(hs) == 0:
+        raise RuntimeError("no covered layer was called during the forward pass")
+    if cols.shape[0] == 1:
+        gs = torch.autograd.grad(out, hs, cols[0], allow_unused=True, create_graph=create_graph)
+        gs = [None if g is None else g[None] for g in gs]
+    else:
+        gs = torch.autograd.grad(out, hs, cols, allow_unused=True, is_grads_batched=True,
+                                 create_graph=create_graph)
+    res = {}
+    k = 0
+    for m in mods:
+        a_list, g_list = [], []
+        for x in cap.inputs.get(id(m), []):
+            g, h = gs[k], hs[k]
+            k += 1
+            if g is None:
+                g = torch.zeros((cols.shape[0],) + tuple(h.shape), dtype=h.dtype, device=h.device)
+            a_list.append(input_patches(m, x))
+            g_list.append(batched_output_grads(m, g))
+        if a_list:
+            res[id(m)] = (torch.cat(a_list, 1) if len(a_list) > 1 else a_list[0],
+                          torch.cat(g_list, 2) if len(g_list) > 1 else g_list[0])
+    return res
+
+
+def link(f_mu, f_var, link_approx, n_samples=100, generator=None, diagonal_output=False):
+    """Class probabilities from the logits' Gaussian ``N(f_mu, f_var)``: ``"probit"``
+    (:math:`\\mathrm{softmax}(f/\\sqrt{1+\\frac\\pi8\\mathrm{diag}\\,\\Sigma})`), ``"mc"`` (``n_samples`` draws of
+    the logits) or ``"bridge"`` / ``"bridge_norm"`` (the Laplace bridge)."""
+    if link_approx == "probit":
+        kappa = 1.0 / torch.sqrt(1.0 + math.pi / 8.0 * f_var.diagonal(dim1=-2, dim2=-1))
+        return torch.softmax(kappa * f_mu, dim=-1)
+    if link_approx == "mc":
+        return glm_samples(f_mu, f_var, n_samples, generator, diagonal_output).softmax(-1).mean(0)
+    # the Laplace bridge (Hobbhahn et al. 2022), after laplace-torch
+    f_mu = f_mu - f_var.sum(-1) * f_mu.sum(-1, keepdim=True) / f_var.sum((-2, -1))[:, None]
+    f_var = f_var - torch.einsum("bi,bj->bij", f_var.sum(-1), f_var.sum(-2)) / f_var.sum((-2, -1))[:, None, None]
+    K = f_mu.shape[-1]
+    f_var_diag = f_var.diagonal(dim1=-2, dim2=-1)
+    if link_approx == "bridge_norm":
+        m = f_var_diag.mean(-1) / math.sqrt(K / 2)
+        f_mu = f_mu / m.sqrt()[:, None]
+        f_var_diag = f_var_diag / m[:, None]
+    sum_exp = torch.exp(-f_mu).sum(-1, keepdim=True)
+    alpha = (1 - 2 / K + f_mu.exp() / K ** 2 * sum_exp) / f_var_diag
+    return torch.nan_to_num(alpha / alpha.sum(-1, keepdim=True), nan=1.0)
+
+
+@staticmethod
+def glm_samples(f_mu, f_var, n_samples, generator=None, diagonal_output=False):
+    """``n_samples`` draws of the logits from ``N(f_mu, f_var)``, ``(n_samples, batch, outputs)`` (a
+    symmetric square root where the output covariance is singular)."""
+    eps = torch.randn((n_samples,) + tuple(f_mu.shape), dtype=f_mu.dtype, device=f_mu.device,
+                      generator=generator)
+    if diagonal_output:
+        return f_mu + eps * f_var.diagonal(dim1=-2, dim2=-1).clamp_min(0).sqrt()
+    L, info = torch.linalg.cholesky_ex(f_var)
+    if bool((info != 0).any()):  # singular output covariance: a symmetric square root
+        w, Q = torch.linalg.eigh(f_var)
+        L = Q * w.clamp_min(0).sqrt()[..., None, :]
+    return f_mu + torch.einsum("bij,sbj->sbi", L, eps)
+
+
+def validation_loss(preds, ys, loss, sigma_noise):
+    """The loss of predictions ``preds`` for targets ``ys`` (lists over batches): ``loss(prediction, y)``
+    when given, else the predictive's mean negative log-likelihood (for regression the Gaussian one,
+    with variance ``f_var + sigma_noise**2``)."""
+    y = torch.cat(ys)
+    if isinstance(preds[0], tuple):
+        mu = torch.cat([p[0] for p in preds])
+        var = torch.cat([p[1] for p in preds])
+        if loss is not None:
+            return loss((mu, var), y)
+        if var.dim() == 3:
+            var = var.diagonal(dim1=-2, dim2=-1)
+        var = var + sigma_noise.detach().square()
+        return (0.5 * (torch.log(2 * math.pi * var) + (y - mu).square() / var)).sum(-1).mean()
+    probs = torch.cat(preds)
+    if loss is not None:
+        return loss(probs, y)
+    return -probs.clamp_min(torch.finfo(probs.dtype).tiny).log().gather(1, y[:, None].long()).mean()
