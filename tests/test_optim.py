@@ -92,7 +92,7 @@ def test_one_step_is_the_damped_natural_gradient(cls, likelihood, fisher_type):
     """noise=False, one step from a fresh optimizer (running averages = this batch's factors): the mean moves by
     lr * P^{-1} (-grad - gamma_in mu), P the damped K-FAC / EK-FAC matrix built densely from compute_kfac (for "mc"
     with the optimizer's label stream, generator seeded with _mix64(seed, step 0, share 0))."""
-    from vmfdist.optim.noisy import _mix64
+    from vmfdist.optim._step import mix64 as _mix64
 
     torch.manual_seed(0)
     # an in-place activation after a layer: the optimizer must differentiate the layer output, not the ReLU's
@@ -320,7 +320,7 @@ def test_trains_cnn_on_digits(cls, one_thread):
 def test_graph_free_op_calls_match_the_public_functions():
     """The optimizer calls the compiled ops below the autograd layer; same bits as vmfdist.linalg's functions."""
     from vmfdist.linalg import kron_eigen_matvec, kron_eigen_sample
-    from vmfdist.optim.noisy import _matvec_now, _sample_now
+    from vmfdist.optim._step import matvec_now as _matvec_now, sample_now as _sample_now
 
     g = torch.Generator().manual_seed(0)
     qg = torch.linalg.qr(torch.randn(5, 5, generator=g))[0].contiguous()

@@ -51,119 +51,16 @@ import torch.distributed as dist
 from torch import nn
 
 from ..curvature import (KFACCollector, KroneckerFactor, check_output, check_targets, damped_kfac_eigenvalues, eigen_basis,
-                         find_layers, input_patches, output_gradients, output_grads, per_example_second_moments,
+                         factor_rows, find_layers, input_patches, output_gradients, output_grads, per_example_second_moments,
                          require_finite, resolve_loss, running_average_weight, trace_norm_pi, weight_matrix)
 from ..curvature.layers import layer_shape
 from ..distributions import EigenvalueCorrectedMatrixNormal, MatrixNormal
-from .._ops import lib
-from .._ops.random import random_kwargs
+from ._step import (MASK63, MIX_START, MOMENTS, NGD, SAMPLE, StepPlan, StepWork, below_autograd, dist_info, grad,
+                    mix64_state, parameter_gradients, running_gram, sample_now)
+from .hyper import PRESETS, check_step_options, resolve_hyperparameters
 
 __all__ = ["NoisyKFAC", "NoisyEKFAC", "PRESETS"]
 
-#: Hyper-parameter presets by name, ``"uci"`` (Bae et al. section 6.1: batch 10 or 100,
-#: T_stats = 1, re-scaling re-initialised and bases recomputed every 50 steps, decay by 0.1 for
-#: the second half) and ``"classification"`` (section 6.2: batch 128, amortised statistics,
-#: inverse and re-scaling updates).  Where the stored copy of the paper lost a number, the value
-#: is ours (see docs/optim.md).
-PRESETS = {
-    "uci": dict(lr=0.01, beta=0.001, beta_scale=0.001, T_stats=1, T_inv=50, T_scale=1, T_reinit=50,
-                damping=1e-3, prior_var=1.0, kl_weight=1.0, kl_clip=1e-3),
-    "classification": dict(lr=0.01, beta=0.01, beta_scale=0.01, T_stats=10, T_inv=100, T_scale=10, T_reinit=100,
-                           damping=1e-3, prior_var=1.0, kl_weight=1.0, kl_clip=1e-3),
-}
-
-
-_MIX_START = 0x9E3779B97F4A7C15
-_MASK63 = 0x7FFFFFFFFFFFFFFF
-
-
-def _mix64_state(h: int, *xs: int) -> int:
-    """The running 64-bit combination of ``_mix64`` continued over ``xs`` from the state ``h``."""
-    for x in xs:
-        h = (h ^ (int(x) & 0xFFFFFFFFFFFFFFFF)) & 0xFFFFFFFFFFFFFFFF
-        h = (h + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
-        z = h
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-        h = z ^ (z >> 31)
-    return h
-
-
-def _mix64(*xs: int) -> int:
-    """A 63-bit seed from integers (SplitMix64 finaliser over a running combination)."""
-    return _mix64_state(_MIX_START, *xs) & _MASK63
-
-
-def _below_autograd():
-    """The optimizer's own sampling and preconditioning need no autograd graph: skip the Python
-    autograd layer of the custom ops (it costs about as much as the op on small layers)."""
-    guard = getattr(torch._C, "_AutoDispatchBelowAutograd", None)
-    return guard() if guard is not None else contextlib.nullcontext()
-
-
-def _sample_now(loc, q_out, q_in, variance, generator):
-    """``kron_eigen_sample(loc, q_out, q_in, variance, generator=generator)`` (one sample, same
-    bits, no graph)."""
-    rng = random_kwargs("NoisyKFAC.sampled_weights", generator)
-    with torch.no_grad(), _below_autograd():
-        return lib.kron_eigen_sample(loc, q_out, q_in, variance, 1, **rng)[0][0]
-
-
-def _matvec_now(q_out, q_in, scale, v, power):
-    """``kron_eigen_matvec(q_out, q_in, scale, v, power)`` without a graph."""
-    with torch.no_grad(), _below_autograd():
-        return lib.kron_eigen_matvec(q_out, q_in, scale, v, float(power))
-
-
-# the compiled ops, called below the autograd layer (the optimizer needs no graph)
-_SAMPLE = lib.kron_eigen_sample.default
-_NGD = lib.kron_eigen_ngd.default
-_MOMENTS = lib.kron_eigen_moments.default
-
-
-def _probe_engine():
-    """torch's C++ autograd engine, when calling it directly (a private API: the signature of
-    ``run_backward`` is torch's own business) gives what ``torch.autograd.grad`` gives on a
-    small probe; ``None`` otherwise, and :func:`_grad` then always takes the public wrapper."""
-    engine = getattr(getattr(torch.autograd, "Variable", None), "_execution_engine", None)
-    if engine is None:
-        return None
-    try:
-        x = torch.tensor([1.0, 2.0], requires_grad=True)
-        y = x * x
-        (g,) = engine.run_backward((y,), (torch.ones(2),), False, False, (x,), True, False)
-        return engine if torch.equal(g, torch.tensor([2.0, 4.0])) else None
-    except Exception:  # a changed private signature: use the public path
-        return None
-
-
-_ENGINE = _probe_engine()
-
-
-def _grad(out, inputs, grad_out, retain):
-    """``torch.autograd.grad(out, inputs, grad_out, retain_graph=retain, allow_unused=True)`` for a
-    ``grad_out`` of ``out``'s shape and dtype.  On the CPU the autograd engine is called directly: the
-    Python wrapper's argument checks and set-up cost about a tenth of a whole UCI-MLP step (measured
-    30-40 us of 300); elsewhere (CUDA backward passes run in device threads, which need the context
-    the wrapper stashes for them) through the wrapper."""
-    if _ENGINE is not None and out.device.type == "cpu":
-        return _ENGINE.run_backward((out,), (grad_out,), retain, False, inputs, True, False)
-    return torch.autograd.grad(out, inputs, grad_outputs=grad_out, retain_graph=retain, allow_unused=True)
-
-
-def _running_gram(old, rows, beta, alpha, world, avg):
-    """``beta * old + alpha * R^T R`` for the row blocks ``rows`` stacked into ``R`` (a new tensor); on
-    ``world > 1`` ranks ``R^T R`` is averaged over the ranks first (``avg``)."""
-    r = rows[0] if len(rows) == 1 else torch.cat(rows)
-    if world == 1:
-        return torch.addmm(old, r.mT, r, beta=beta, alpha=alpha)
-    return (old * beta).add_(avg(r.mT @ r), alpha=alpha)
-
-
-def _dist_info():
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
@@ -186,48 +83,10 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
             raise ValueError(f"num_data must be a positive integer, got {num_data!r}")
         self.likelihood, sigma_noise, _ = resolve_loss(likelihood, sigma_noise)
         self._sigma_noise = sigma_noise
-        if preset is None:
-            preset = "uci" if self.likelihood == "regression" else "classification"
-        if preset not in PRESETS:
-            raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
-        hp = dict(PRESETS[preset])
-        given = dict(lr=lr, kl_weight=kl_weight, prior_var=prior_var, damping=damping, beta=beta,
-                     beta_scale=beta_scale, T_stats=T_stats, T_inv=T_inv, T_scale=T_scale, T_reinit=T_reinit)
-        hp.update({k: v for k, v in given.items() if v is not None})
-        for k in ("lr", "prior_var"):
-            if not (hp[k] > 0 and math.isfinite(hp[k])):
-                raise ValueError(f"{k} must be positive and finite, got {hp[k]!r}")
-        for k in ("kl_weight", "damping"):
-            if not (hp[k] >= 0 and math.isfinite(hp[k])):
-                raise ValueError(f"{k} must be non-negative and finite, got {hp[k]!r}")
-        for k in ("beta", "beta_scale"):
-            if not (0 < hp[k] <= 1):
-                raise ValueError(f"{k} must be in (0, 1], got {hp[k]!r}")
-        for k in ("T_stats", "T_inv", "T_scale", "T_reinit"):
-            if not (isinstance(hp[k], int) and hp[k] >= 1):
-                raise ValueError(f"{k} must be a positive integer, got {hp[k]!r}")
-        if hp["T_inv"] % hp["T_stats"] != 0:
-            raise ValueError(f"T_inv ({hp['T_inv']}) must be a multiple of T_stats ({hp['T_stats']})")
-        if fisher_type not in ("mc", "empirical", "type-2", "ggn"):
-            raise ValueError(f"fisher_type must be one of 'mc', 'empirical', 'type-2', 'ggn', got {fisher_type!r}")
-        if kfac_approx not in ("expand", "reduce"):
-            raise ValueError(f"kfac_approx must be 'expand' or 'reduce', got {kfac_approx!r}")
-        if not (isinstance(particles, int) and particles >= 1):
-            raise ValueError(f"particles must be a positive integer, got {particles!r}")
-        if other_optimizer not in ("adam", "sgd"):
-            raise ValueError(f"other_optimizer must be 'adam' or 'sgd', got {other_optimizer!r}")
-        if total_steps is not None and not (isinstance(total_steps, int) and total_steps >= 1):
-            raise ValueError(f"total_steps must be a positive integer or None, got {total_steps!r}")
-        if isinstance(kl_clip, str):
-            if kl_clip != "preset":
-                raise ValueError(f"kl_clip must be a positive number, None or 'preset', got {kl_clip!r}")
-            kl_clip = hp.pop("kl_clip")
-        else:
-            hp.pop("kl_clip")
-        if kl_clip is not None and not kl_clip > 0:
-            raise ValueError(f"kl_clip must be positive or None, got {kl_clip!r}")
-        if hp["kl_weight"] == 0 and hp["damping"] == 0:
-            raise ValueError("kl_weight = 0 and damping = 0 leave the curvature undamped; give damping > 0")
+        hp, kl_clip = resolve_hyperparameters(self.likelihood, preset, kl_clip, lr=lr, kl_weight=kl_weight,
+                                              prior_var=prior_var, damping=damping, beta=beta, beta_scale=beta_scale,
+                                              T_stats=T_stats, T_inv=T_inv, T_scale=T_scale, T_reinit=T_reinit)
+        check_step_options(fisher_type, kfac_approx, particles, other_optimizer, total_steps)
 
         self.model = model
         self.layers: Dict[str, torch.nn.Module] = find_layers(model, modules, allow_other_parameters=True)
@@ -262,7 +121,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         else:
             self.other_optimizer = None
 
-        rank, world = _dist_info()
+        rank, world = dist_info()
         self._rank, self._world = rank, world
         if seed is None:
             seed = int(torch.randint(0, 2 ** 62, ()).item())
@@ -428,7 +287,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         return out
 
     def _sample_layer(self, st, mean, generator):
-        return _sample_now(mean, st["q_g"], st["q_a"], self._posterior_variance(st), generator)
+        return sample_now(mean, st["q_g"], st["q_a"], self._posterior_variance(st), generator)
 
     @contextlib.contextmanager
     def sampled_weights(self, generator: Optional[torch.Generator] = None):
@@ -478,40 +337,39 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
             f = self.lr_decay
         return self.hp["lr"] * f, self.hp["beta"] * f, self.hp["beta_scale"] * f
 
-    def _real_output_grad(self, out, target):
-        """d(sum of per-example nll)/d(output), per example."""
-        f = out.detach()
-        if self.likelihood == "classification":
-            return f.softmax(-1) - nn.functional.one_hot(target.long(), f.shape[1]).to(f.dtype)
-        return (f - target) / self.sigma_noise ** 2
-
-    def _output_grads(self, out, grad_out, retain):
-        """Gradients of ``out`` (weighted by ``grad_out``) with respect to every layer's output,
-        appended to the hooks' ``grads``."""
-        hooks = self._hooks
-        outputs = hooks.outputs
-        if len(outputs) != len(self.layers):
-            missing = [n for n in self.layers if n not in outputs]
-            raise RuntimeError(f"layer {missing[0]!r} was not called in the forward pass")
-        gs = _grad(out, tuple(outputs[n] for n in self.layers), grad_out, retain)
-        for (n, g), grads in zip(zip(self.layers, gs), hooks.grads.values()):
-            if g is None:
-                raise RuntimeError(f"the output of layer {n!r} does not reach the model output")
-            grads.append(g)
-
-    def _name_non_finite_input(self):
-        for n in self.layers:
-            x = self._hooks.inputs.get(n)
-            if x is not None and not bool(torch.isfinite(x).all()):
-                raise FloatingPointError(f"non-finite input to layer {n!r} (check the data and the learning rate)")
-
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One step on a batch: returns the mean negative log-likelihood at the sampled weights
         (the data term of the negative ELBO per example, detached).  Under torch.distributed,
         ``inputs`` is this rank's share of the global batch (equal sizes on all ranks)."""
-        k = self._step
-        hp = self.hp
-        rank, world = self._rank, self._world
+        plan = self._plan()
+        B = inputs.shape[0]
+        if B % self.particles != 0:
+            raise ValueError(f"the batch size {B} must be divisible by particles={self.particles}")
+        work = StepWork(self, B)
+        for p in self.other_params:
+            p.grad = None
+        hooks = self._hooks
+        try:
+            for j in range(self.particles):
+                self._run_share(j, inputs, targets, plan, work)
+        finally:
+            hooks.record_inputs = False
+            hooks.record_grads = False
+            hooks.clear()
+        loss = self._average_across_ranks(work)
+        with torch.no_grad(), below_autograd():
+            self._update_curvature(plan, work)
+            deltas, check = self._precondition(work)
+        self._move_means(work, deltas, check, plan.lr, loss)
+        if self.other_optimizer is not None:
+            self.other_optimizer.step()
+        self.param_groups[0]["lr"] = plan.lr
+        self._step += 1
+        return loss
+
+    def _plan(self) -> "StepPlan":
+        """What this step updates, and its rates."""
+        k, hp = self._step, self.hp
         lr, beta, beta_scale = self._rates()
         do_stats = k % hp["T_stats"] == 0
         # bases every T_inv steps, and (warm-up, ours) at the 1st, 2nd, 4th, 8th, ... statistics update
@@ -521,259 +379,247 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                                            and n_next & (n_next - 1) == 0)
         do_scale = self._ekfac and k % hp["T_scale"] == 0
         do_reinit = self._ekfac and (do_inv or k % hp["T_reinit"] == 0)
-        need_acts = do_stats or do_scale
-        B = inputs.shape[0]
-        P = self.particles
-        if B % P != 0:
-            raise ValueError(f"the batch size {B} must be divisible by particles={P}")
-        chunk = B // P
-        layers = self._layer_list
-        nl = len(layers)
-        mats, mats3 = self._mats, self._mats3
-        states = [self.state[m.weight] for _, m in layers]
-        means = [t.clone() for t in mats]
-        w_sum, grads = [None] * nl, [None] * nl
-        # this step's curvature statistics of each layer: row matrices R whose Gram matrices R^T R sum
-        # to the batch factors (A: times a_scale), and (patches, [output gradients]) for the re-scaling
-        # where an example has several locations or the moments are averaged over ranks
-        a_rows, g_rows, saved = [[] for _ in layers], [[] for _ in layers], [[] for _ in layers]
-        grad_rows = [[] for _ in layers]  # stacked batch: (output-gradient rows, input rows) of the loss gradient
-        a_scale = [1.0] * nl
-        for p in self.other_params:
-            p.grad = None
-        # one backward for the loss and the sampled-label statistics (the batch is stacked with
-        # itself; the weight gradients come from the hooks) unless other parameters need .grad
-        stacked = need_acts and not self.other_params and self.fisher_type in ("mc", "empirical")
-        total_nll = None
+        return StepPlan(lr, beta, beta_scale, do_stats, do_inv, do_scale, do_reinit, do_stats or do_scale)
+
+    def _run_share(self, j: int, inputs, targets, plan: "StepPlan", work: "StepWork") -> None:
+        """Share ``j`` of the batch: sample the weights, forward, backward; the loss gradient goes to
+        ``work.grads`` (or, stacked, to ``work.grad_rows``), the statistics to ``work``'s row lists."""
+        P, chunk = self.particles, work.chunk
+        # the random streams of this share of the global batch: mix64(seed, step, share) for the
+        # sampled labels, mix64(seed, step, share, layer, 1) for the weight noise (Philox)
+        h = mix64_state(MIX_START, self.seed, self._step, self._rank * P + j)
+        gen = None
+        if plan.need_acts and self.fisher_type == "mc":
+            gen = self._label_generator(inputs.device)
+            gen.manual_seed(h & MASK63)
+        xs, ys = (inputs, targets) if P == 1 else (inputs[j * chunk:(j + 1) * chunk],
+                                                   targets[j * chunk:(j + 1) * chunk])
+        if self.noise:
+            self._sample_weights(h, work)
         hooks = self._hooks
+        hooks.clear()
+        hooks.record_inputs = plan.need_acts
+        hooks.record_grads = plan.need_acts
+        if work.stacked and plan.need_acts:
+            nll = self._stacked_pass(xs, ys, gen, work)
+        else:
+            nll = self._plain_pass(xs, ys, gen, plan, work)
+        nll = nll.detach()
+        work.total_nll = nll if work.total_nll is None else work.total_nll + nll
+        if plan.need_acts:
+            self._record_statistics(plan, work)
+        hooks.clear()
+
+    def _sample_weights(self, h: int, work: "StepWork") -> None:
+        """Each layer holds a fresh posterior sample (its Philox stream ``mix64(h, layer, 1)``)."""
+        with torch.no_grad(), below_autograd():
+            for i, st in enumerate(work.states):
+                w = SAMPLE(work.means[i], st["q_g"], st["q_a"], self._posterior_variance(st), 1,
+                            seed=mix64_state(h, i, 1) & MASK63, offset=0)[0]  # (1, out, in)
+                self._mats3[i].copy_(w)
+                if self.particles > 1:
+                    work.w_sum[i] = w[0] if work.w_sum[i] is None else work.w_sum[i] + w[0]
+
+    def _stacked_pass(self, xs, ys, gen, work: "StepWork") -> torch.Tensor:
+        """One forward and one backward for the loss and the sampled-label statistics: the batch is
+        stacked with itself; the weight gradients come from the collector.  Returns the summed nll."""
+        chunk, B = work.chunk, work.B
+        out2 = check_output(self.model(torch.cat([xs, xs])))
+        out = out2[:chunk]
+        ys = check_targets(out, ys, self.likelihood)
+        f = out.detach()
+        if self.likelihood == "regression" and self.fisher_type == "mc":
+            # the output gradients of both halves in one buffer: (f - y)/(sigma^2 B) for the
+            # loss, -eps/sigma for a label drawn from the predictive (as output_gradients)
+            sig2 = self.sigma_noise ** 2
+            diff = f - ys
+            nll = torch.dot(diff.view(-1), diff.view(-1)) * (0.5 / sig2)
+            eps = torch.randn(f.shape, generator=gen, dtype=f.dtype, device=f.device)
+            go = torch.cat([diff.mul_(1.0 / (sig2 * B)), eps.mul_(-1.0 / self.sigma_noise)])
+            self._hooks.backward_to_outputs(out2, go, False, grad)
+            return nll
+        if self.likelihood == "regression":
+            diff = f - ys
+            e_loss = diff * (1.0 / (self.sigma_noise ** 2 * B))
+            nll = (diff * diff).sum() * (0.5 / self.sigma_noise ** 2)
+        else:
+            logp = f.log_softmax(-1)
+            onehot = nn.functional.one_hot(ys.long(), f.shape[1]).to(f.dtype)
+            e_loss = (logp.exp() - onehot) / B
+            nll = -(logp * onehot).sum()
+        e_stat = self._statistics_gradients(out2[chunk:], ys, gen)[0]
+        self._hooks.backward_to_outputs(out2, torch.cat([e_loss, e_stat.to(out.dtype)]), False, grad)
+        return nll
+
+    def _plain_pass(self, xs, ys, gen, plan: "StepPlan", work: "StepWork") -> torch.Tensor:
+        """Forward; the statistics' backward passes (if this step collects); the loss gradient by
+        autograd (weights and other parameters).  Returns the summed nll."""
+        hooks = self._hooks
+        out = check_output(self.model(xs))
+        ys = check_targets(out, ys, self.likelihood)
+        if plan.need_acts:
+            for e in self._statistics_gradients(out, ys, gen):
+                hooks.backward_to_outputs(out, e.to(out.dtype), True, grad)
+        hooks.record_grads = False
+        hooks.record_inputs = False
+        nll = self._nll_sum(out, ys)
+        parameter_gradients(nll / work.B, self._layer_list, self._weights, self._biases, self.other_params,
+                            work.means, work.grads)
+        return nll
+
+    def _statistics_gradients(self, out, ys, gen):
+        """curvature's ``output_gradients`` for the statistics; a non-finite output names the first layer
+        whose input was not finite."""
         try:
-            for j in range(P):
-                # the random streams of this share of the global batch: _mix64(seed, step, share) for the
-                # sampled labels, _mix64(seed, step, share, layer, 1) for the weight noise (Philox)
-                h = _mix64_state(_MIX_START, self.seed, k, rank * P + j)
-                gen = None
-                if need_acts and self.fisher_type == "mc":
-                    gen = self._label_generator(inputs.device)
-                    gen.manual_seed(h & _MASK63)
-                xs, ys = (inputs, targets) if P == 1 else (inputs[j * chunk:(j + 1) * chunk],
-                                                           targets[j * chunk:(j + 1) * chunk])
-                if self.noise:
-                    with torch.no_grad(), _below_autograd():
-                        for i, st in enumerate(states):
-                            w = _SAMPLE(means[i], st["q_g"], st["q_a"], self._posterior_variance(st), 1,
-                                        seed=_mix64_state(h, i, 1) & _MASK63, offset=0)[0]  # (1, out, in)
-                            mats3[i].copy_(w)
-                            if P > 1:
-                                w_sum[i] = w[0] if w_sum[i] is None else w_sum[i] + w[0]
-                hooks.clear()
-                hooks.record_inputs = need_acts
-                hooks.record_grads = need_acts
-                if stacked:
-                    out2 = check_output(self.model(torch.cat([xs, xs])))
-                    out = out2[:chunk]
-                    ys = check_targets(out, ys, self.likelihood)
-                    f = out.detach()
-                    if self.likelihood == "regression" and self.fisher_type == "mc":
-                        # the output gradients of both halves in one buffer: (f - y)/(sigma^2 B) for the
-                        # loss, -eps/sigma for a label drawn from the predictive (as output_gradients)
-                        sig2 = self.sigma_noise ** 2
-                        diff = f - ys
-                        nll = torch.dot(diff.view(-1), diff.view(-1)) * (0.5 / sig2)
-                        eps = torch.randn(f.shape, generator=gen, dtype=f.dtype, device=f.device)
-                        go = torch.cat([diff.mul_(1.0 / (sig2 * B)), eps.mul_(-1.0 / self.sigma_noise)])
-                        self._output_grads(out2, go, False)
-                    else:
-                        if self.likelihood == "regression":
-                            diff = f - ys
-                            e_loss = diff * (1.0 / (self.sigma_noise ** 2 * B))
-                            nll = (diff * diff).sum() * (0.5 / self.sigma_noise ** 2)
-                        else:
-                            logp = f.log_softmax(-1)
-                            onehot = nn.functional.one_hot(ys.long(), f.shape[1]).to(f.dtype)
-                            e_loss = (logp.exp() - onehot) / B
-                            nll = -(logp * onehot).sum()
-                        try:
-                            e_stat = output_gradients(out2[chunk:], ys, self.likelihood, self.fisher_type,
-                                                      self.sigma_noise, 1, gen)[0]
-                        except FloatingPointError:
-                            self._name_non_finite_input()
-                            raise
-                        self._output_grads(out2, torch.cat([e_loss, e_stat.to(out.dtype)]), False)
-                else:
-                    out = check_output(self.model(xs))
-                    ys = check_targets(out, ys, self.likelihood)
-                    if need_acts:
-                        try:
-                            es = output_gradients(out, ys, self.likelihood, self.fisher_type, self.sigma_noise, 1,
-                                                  gen)
-                        except FloatingPointError:
-                            self._name_non_finite_input()
-                            raise
-                        for e in es:
-                            self._output_grads(out, e.to(out.dtype), True)
-                    hooks.record_grads = False
-                    hooks.record_inputs = False
-                    nll = self._nll_sum(out, ys)
-                    self._parameter_gradients(nll / B, means, grads)
-                nll = nll.detach()
-                total_nll = nll if total_nll is None else total_nll + nll
-                if need_acts:
-                    for i, (n, m) in enumerate(layers):
-                        x_in, g_out = hooks.inputs[n], hooks.grads[n]
-                        if stacked:
-                            a = input_patches(m, x_in[:chunk])
-                            g_both = output_grads(m, g_out[0])
-                            gl = [g_both[chunk:]]
-                            # the loss gradient as rows: sum over examples and locations of g a^T
-                            rows = chunk * a.shape[1]
-                            grad_rows[i].append((g_both.flatten(0, 1)[:rows], a.flatten(0, 1)))
-                        else:
-                            a = input_patches(m, x_in)
-                            gl = [output_grads(m, g) for g in g_out]
-                        locs = a.shape[1]
-                        if locs == 1 or self.kfac_approx == "expand":  # sum_n (1/T) sum_t a a^T, sum_n sum_t g g^T
-                            a_scale[i] = 1.0 / locs
-                            a_rows[i].append(a.flatten(0, 1))
-                            g_rows[i].extend(g.flatten(0, 1) for g in gl)
-                        else:  # sum_n mean_t(a) mean_t(a)^T, sum_n sum_t(g) sum_t(g)^T
-                            a_rows[i].append(a.mean(1))
-                            g_rows[i].extend(g.sum(1) for g in gl)
-                        if do_scale and (locs > 1 or world > 1):
-                            saved[i].append((a, gl))
-                hooks.clear()
-        finally:
-            hooks.record_inputs = False
-            hooks.record_grads = False
-            hooks.clear()
+            return output_gradients(out, ys, self.likelihood, self.fisher_type, self.sigma_noise, 1, gen)
+        except FloatingPointError:
+            name = self._hooks.first_non_finite_input()
+            if name is not None:
+                raise FloatingPointError(f"non-finite input to layer {name!r} (check the data and the learning "
+                                         "rate)") from None
+            raise
 
-        # ---- average across ranks ------------------------------------------------------------------------------
-        def avg(t):
-            dist.all_reduce(t)
-            t /= world
-            return t
+    def _record_statistics(self, plan: "StepPlan", work: "StepWork") -> None:
+        """This share's statistics of each layer, as row matrices (curvature's ``factor_rows``), and (stacked)
+        the loss gradient as rows; the patches and gradients themselves where the EK-FAC re-scaling needs
+        them (several locations per example, or several ranks)."""
+        hooks, chunk = self._hooks, work.chunk
+        for i, (n, m) in enumerate(self._layer_list):
+            x_in, g_out = hooks.inputs[n], hooks.grads[n]
+            if work.stacked:
+                a = input_patches(m, x_in[:chunk])
+                g_both = output_grads(m, g_out[0])
+                gl = [g_both[chunk:]]
+                # the loss gradient as rows: sum over examples and locations of g a^T
+                rows = chunk * a.shape[1]
+                work.grad_rows[i].append((g_both.flatten(0, 1)[:rows], a.flatten(0, 1)))
+            else:
+                a = input_patches(m, x_in)
+                gl = [output_grads(m, g) for g in g_out]
+            ra, work.a_scale[i], rg = factor_rows(a, gl, self.kfac_approx)
+            work.a_rows[i].append(ra)
+            work.g_rows[i].extend(rg)
+            if plan.do_scale and (a.shape[1] > 1 or self._world > 1):
+                work.saved[i].append((a, gl))
 
-        g_out_rows, g_in_rows = [None] * nl, [None] * nl
-        for i, pairs in enumerate(grad_rows):
+    def _average_across_ranks(self, work: "StepWork") -> torch.Tensor:
+        """The loss gradient per layer (in row form on one process: the preconditioning op forms the
+        gradient itself), the sampled weights' mean over shares, the loss; averaged over the ranks."""
+        world, nl = self._world, len(self._layer_list)
+        for i, pairs in enumerate(work.grad_rows):
             if pairs:
                 go_, gi_ = (torch.cat(t) for t in zip(*pairs)) if len(pairs) > 1 else pairs[0]
                 if world > 1:
-                    grads[i] = go_.mT @ gi_
-                else:  # the preconditioning op forms the gradient itself
-                    g_out_rows[i], g_in_rows[i] = go_, gi_
+                    work.grads[i] = go_.mT @ gi_
+                else:
+                    work.g_out_rows[i], work.g_in_rows[i] = go_, gi_
         if world > 1:
-            for g in grads:
-                avg(g)
+            for g in work.grads:
+                work.avg(g)
             for p in self.other_params:
                 if p.grad is not None:
-                    avg(p.grad)
-        w_bar = []
+                    work.avg(p.grad)
         for i in range(nl):
             # the sampled weights (with one share, the layer still holds its sample), their mean over shares
-            w = means[i] if not self.noise else (mats[i] if P == 1 else w_sum[i] / P)
-            w_bar.append(avg(w.clone()) if world > 1 and self.noise else w)
-        loss = total_nll / B
+            w = work.means[i] if not self.noise else (self._mats[i] if self.particles == 1
+                                                      else work.w_sum[i] / self.particles)
+            work.w_bar.append(work.avg(w.clone()) if world > 1 and self.noise else w)
+        loss = work.total_nll / work.B
         if world > 1:
-            avg(loss)
+            work.avg(loss)
+        return loss
 
-        with torch.no_grad(), _below_autograd():
-            # ---- statistics, bases, re-scaling (new tensors, not in-place: a state_dict() taken earlier
-            # must not change) -------------------------------------------------------------------------------
-            if do_stats:
-                self._stats_count += 1
-                wgt = running_average_weight(beta, self._stats_count)
-                for i, st in enumerate(states):
-                    st["A"] = _running_gram(st["A"], a_rows[i], 1 - wgt, wgt * a_scale[i] / B, world, avg)
-                    st["G"] = _running_gram(st["G"], g_rows[i], 1 - wgt, wgt / B, world, avg)
-            if do_inv:
-                for i, st in enumerate(states):
-                    n = layers[i][0]
-                    if rank == 0:
-                        require_finite(n, "input factor A", st["A"])
-                        require_finite(n, "gradient factor G", st["G"])
-                        st["d_a"], st["q_a"] = eigen_basis(st["A"], self.min_eigenvalue)
-                        st["d_g"], st["q_g"] = eigen_basis(st["G"], self.min_eigenvalue)
-                        st["pi"] = trace_norm_pi(st["A"], st["G"])
-                    if world > 1:
-                        for key in ("d_a", "q_a", "d_g", "q_g", "pi"):
-                            # a fresh contiguous tensor: broadcast sends the storage as it lies
-                            st[key] = st[key].contiguous() if rank == 0 else torch.empty_like(
-                                st[key], memory_format=torch.contiguous_format)
-                            dist.broadcast(st[key], 0)
-            if do_reinit:
-                for st in states:
-                    da = ((st["A"] @ st["q_a"]) * st["q_a"]).sum(0)  # diag(Q_A^T A Q_A)
-                    dg = ((st["G"] @ st["q_g"]) * st["q_g"]).sum(0)
-                    st["S"] = dg.clamp_min(self.min_eigenvalue).unsqueeze(1) * da.clamp_min(self.min_eigenvalue)
-            if do_scale:
-                self._scale_count += 1
-                wgt = running_average_weight(beta_scale, self._scale_count)
-                for i, st in enumerate(states):
-                    if not saved[i]:
-                        # one location per example, one process: the rows of the factors, each label draw's
-                        # output-gradient rows beside its examples' input rows, and the running average in one op
-                        draws = len(g_rows[i]) // len(a_rows[i])
-                        xr = a_rows[i] if draws == 1 else [r for r in a_rows[i] for _ in range(draws)]
-                        x = xr[0] if len(xr) == 1 else torch.cat(xr)
-                        e = g_rows[i][0] if len(g_rows[i]) == 1 else torch.cat(g_rows[i])
-                        st["S"] = _MOMENTS(st["q_g"], st["q_a"], x, e, st["S"], 1 - wgt, wgt / B)
-                        continue
-                    s = None
-                    for a, gs in saved[i]:
-                        for g in gs:
-                            v = per_example_second_moments(a, g, st["q_a"], st["q_g"])
-                            s = v if s is None else s + v
-                    if world > 1:
-                        avg(s)
-                    st["S"] = (st["S"] * (1 - wgt)).add_(s, alpha=wgt / B)
-
-            # ---- the mean step ------------------------------------------------------------------------------------
-            # P^{-1} V with V = -(grad + gamma_in W): precondition u = grad + gamma_in W and step by -lr
-            deltas = []
-            check = None
+    def _update_curvature(self, plan: "StepPlan", work: "StepWork") -> None:
+        """Running factors, eigenbases (rank 0, broadcast), EK-FAC re-initialisation and re-scaling (new
+        tensors, not in-place: a state_dict() taken earlier must not change)."""
+        states, B, world = work.states, work.B, self._world
+        if plan.do_stats:
+            self._stats_count += 1
+            wgt = running_average_weight(plan.beta, self._stats_count)
             for i, st in enumerate(states):
-                if self._ekfac:
-                    scale, damping = st["S"], self.gamma
-                else:
-                    scale, damping = self._kfac_eigenvalues(st, self.gamma), 0.0
-                d, du = _NGD(st["q_g"], st["q_a"], scale, damping, w_bar[i], self.gamma_in, grads[i], g_out_rows[i],
-                             g_in_rows[i])
-                deltas.append(d)
-                check = du if check is None else check + du
+                st["A"] = running_gram(st["A"], work.a_rows[i], 1 - wgt, wgt * work.a_scale[i] / B, world, work.avg)
+                st["G"] = running_gram(st["G"], work.g_rows[i], 1 - wgt, wgt / B, world, work.avg)
+        if plan.do_inv:
+            self._new_bases(states)
+        if plan.do_reinit:
+            for st in states:
+                da = ((st["A"] @ st["q_a"]) * st["q_a"]).sum(0)  # diag(Q_A^T A Q_A)
+                dg = ((st["G"] @ st["q_g"]) * st["q_g"]).sum(0)
+                st["S"] = dg.clamp_min(self.min_eigenvalue).unsqueeze(1) * da.clamp_min(self.min_eigenvalue)
+        if plan.do_scale:
+            self._scale_count += 1
+            wgt = running_average_weight(plan.beta_scale, self._scale_count)
+            for i, st in enumerate(states):
+                self._rescale(st, work, i, wgt)
+
+    def _new_bases(self, states) -> None:
+        """Eigenbases and pi of every layer's factors on rank 0, broadcast to the others."""
+        rank, world = self._rank, self._world
+        for i, st in enumerate(states):
+            n = self._layer_list[i][0]
+            if rank == 0:
+                require_finite(n, "input factor A", st["A"])
+                require_finite(n, "gradient factor G", st["G"])
+                st["d_a"], st["q_a"] = eigen_basis(st["A"], self.min_eigenvalue)
+                st["d_g"], st["q_g"] = eigen_basis(st["G"], self.min_eigenvalue)
+                st["pi"] = trace_norm_pi(st["A"], st["G"])
+            if world > 1:
+                for key in ("d_a", "q_a", "d_g", "q_g", "pi"):
+                    # a fresh contiguous tensor: broadcast sends the storage as it lies
+                    st[key] = st[key].contiguous() if rank == 0 else torch.empty_like(
+                        st[key], memory_format=torch.contiguous_format)
+                    dist.broadcast(st[key], 0)
+
+    def _rescale(self, st, work: "StepWork", i: int, wgt: float) -> None:
+        """EK-FAC: the running second moments of the per-example gradients in the basis."""
+        B = work.B
+        if not work.saved[i]:
+            # one location per example, one process: the rows of the factors, each label draw's
+            # output-gradient rows beside its examples' input rows, and the running average in one op
+            a_rows, g_rows = work.a_rows[i], work.g_rows[i]
+            draws = len(g_rows) // len(a_rows)
+            xr = a_rows if draws == 1 else [r for r in a_rows for _ in range(draws)]
+            x = xr[0] if len(xr) == 1 else torch.cat(xr)
+            e = g_rows[0] if len(g_rows) == 1 else torch.cat(g_rows)
+            st["S"] = MOMENTS(st["q_g"], st["q_a"], x, e, st["S"], 1 - wgt, wgt / B)
+            return
+        s = None
+        for a, gs in work.saved[i]:
+            for g in gs:
+                v = per_example_second_moments(a, g, st["q_a"], st["q_g"])
+                s = v if s is None else s + v
+        if self._world > 1:
+            work.avg(s)
+        st["S"] = (st["S"] * (1 - wgt)).add_(s, alpha=wgt / B)
+
+    def _precondition(self, work: "StepWork"):
+        """P^{-1} u per layer with u = grad + gamma_in W (the step is -lr times it; V = -u), and the sum of
+        u^T P^{-1} u over the layers for the trust region."""
+        deltas, check = [], None
+        for i, st in enumerate(work.states):
+            if self._ekfac:
+                scale, damping = st["S"], self.gamma
+            else:
+                scale, damping = self._kfac_eigenvalues(st, self.gamma), 0.0
+            d, du = NGD(st["q_g"], st["q_a"], scale, damping, work.w_bar[i], self.gamma_in, work.grads[i],
+                         work.g_out_rows[i], work.g_in_rows[i])
+            deltas.append(d)
+            check = du if check is None else check + du
+        return deltas, check
+
+    def _move_means(self, work: "StepWork", deltas, check, lr: float, loss) -> None:
+        """M <- M - lr * nu * P^{-1} u, with the K-FAC trust region's nu; a non-finite step names the layer."""
         vg = float(check)
         if not math.isfinite(vg):
-            for (n, _), d in zip(layers, deltas):
+            for (n, _), d in zip(self._layer_list, deltas):
                 require_finite(n, "natural-gradient step", d)
             raise FloatingPointError(f"non-finite natural-gradient step (loss {float(loss)})")
         nu = 1.0
         if self.kl_clip is not None and vg > 0:
             nu = min(1.0, math.sqrt(self.kl_clip / (lr * lr * vg)))
         with torch.no_grad():
-            for mean, d, mat in zip(means, deltas, mats):
+            for mean, d, mat in zip(work.means, deltas, self._mats):
                 torch.add(mean, d, alpha=-lr * nu, out=mat)
-        if self.other_optimizer is not None:
-            self.other_optimizer.step()
-        self.param_groups[0]["lr"] = lr
-        self._step += 1
-        return loss
-
-    def _parameter_gradients(self, loss, means, grads):
-        """Adds d loss / d [W | b] of every layer to ``grads`` (a list in layer order) and
-        accumulates the other parameters' ``.grad``."""
-        weights, biases, other = self._weights, self._biases, self.other_params
-        gr = torch.autograd.grad(loss, weights + biases + other, allow_unused=True)
-        for p, g in zip(other, gr[len(weights) + len(biases):]):
-            if g is not None:
-                p.grad = g if p.grad is None else p.grad + g
-        gw, gb = gr[:len(weights)], gr[len(weights):len(weights) + len(biases)]
-        bi = 0
-        for i, (n, m) in enumerate(self._layer_list):
-            g = gw[i].reshape(gw[i].shape[0], -1) if gw[i] is not None else torch.zeros_like(
-                means[i][:, :m.weight[0].numel()])
-            if m.bias is not None:
-                b = gb[bi] if gb[bi] is not None else torch.zeros_like(means[i][:, -1])
-                g = torch.cat([g, b.unsqueeze(1)], 1)
-                bi += 1
-            grads[i] = g if grads[i] is None else grads[i] + g
 
     # ---- state ----------------------------------------------------------------------------------------------------
     def state_dict(self):

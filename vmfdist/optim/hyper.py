@@ -1,0 +1,72 @@
+"""The noisy optimizers' hyper-parameters: the presets of Bae et al. (2018) and the checks of
+every setting, each error naming its argument."""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+from ..curvature import FISHER_TYPES, KFAC_APPROX, check_choice
+
+__all__ = ["PRESETS", "resolve_hyperparameters", "check_step_options"]
+
+#: Hyper-parameter presets by name, ``"uci"`` (Bae et al. section 6.1: batch 10 or 100,
+#: T_stats = 1, re-scaling re-initialised and bases recomputed every 50 steps, decay by 0.1 for
+#: the second half) and ``"classification"`` (section 6.2: batch 128, amortised statistics,
+#: inverse and re-scaling updates).  Where the stored copy of the paper lost a number, the value
+#: is ours (see docs/optim.md).
+PRESETS = {
+    "uci": dict(lr=0.01, beta=0.001, beta_scale=0.001, T_stats=1, T_inv=50, T_scale=1, T_reinit=50,
+                damping=1e-3, prior_var=1.0, kl_weight=1.0, kl_clip=1e-3),
+    "classification": dict(lr=0.01, beta=0.01, beta_scale=0.01, T_stats=10, T_inv=100, T_scale=10, T_reinit=100,
+                           damping=1e-3, prior_var=1.0, kl_weight=1.0, kl_clip=1e-3),
+}
+
+
+def resolve_hyperparameters(likelihood: str, preset: Optional[str], kl_clip, **given) -> Tuple[dict, Optional[float]]:
+    """``(hp, kl_clip)``: the preset (default ``"uci"`` for regression, ``"classification"`` otherwise)
+    overridden by the ``given`` values that are not ``None``, each checked; ``kl_clip="preset"`` takes
+    the preset's trust region."""
+    if preset is None:
+        preset = "uci" if likelihood == "regression" else "classification"
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
+    hp = dict(PRESETS[preset])
+    hp.update({k: v for k, v in given.items() if v is not None})
+    for k in ("lr", "prior_var"):
+        if not (hp[k] > 0 and math.isfinite(hp[k])):
+            raise ValueError(f"{k} must be positive and finite, got {hp[k]!r}")
+    for k in ("kl_weight", "damping"):
+        if not (hp[k] >= 0 and math.isfinite(hp[k])):
+            raise ValueError(f"{k} must be non-negative and finite, got {hp[k]!r}")
+    for k in ("beta", "beta_scale"):
+        if not (0 < hp[k] <= 1):
+            raise ValueError(f"{k} must be in (0, 1], got {hp[k]!r}")
+    for k in ("T_stats", "T_inv", "T_scale", "T_reinit"):
+        if not (isinstance(hp[k], int) and hp[k] >= 1):
+            raise ValueError(f"{k} must be a positive integer, got {hp[k]!r}")
+    if hp["T_inv"] % hp["T_stats"] != 0:
+        raise ValueError(f"T_inv ({hp['T_inv']}) must be a multiple of T_stats ({hp['T_stats']})")
+    if isinstance(kl_clip, str):
+        if kl_clip != "preset":
+            raise ValueError(f"kl_clip must be a positive number, None or 'preset', got {kl_clip!r}")
+        kl_clip = hp.pop("kl_clip")
+    else:
+        hp.pop("kl_clip")
+    if kl_clip is not None and not kl_clip > 0:
+        raise ValueError(f"kl_clip must be positive or None, got {kl_clip!r}")
+    if hp["kl_weight"] == 0 and hp["damping"] == 0:
+        raise ValueError("kl_weight = 0 and damping = 0 leave the curvature undamped; give damping > 0")
+    return hp, kl_clip
+
+
+def check_step_options(fisher_type: str, kfac_approx: str, particles: int, other_optimizer: str,
+                       total_steps: Optional[int]) -> None:
+    """The step's options (curvature's option names for ``fisher_type`` and ``kfac_approx``)."""
+    check_choice("fisher_type", fisher_type, FISHER_TYPES)
+    check_choice("kfac_approx", kfac_approx, KFAC_APPROX)
+    if not (isinstance(particles, int) and particles >= 1):
+        raise ValueError(f"particles must be a positive integer, got {particles!r}")
+    if other_optimizer not in ("adam", "sgd"):
+        raise ValueError(f"other_optimizer must be 'adam' or 'sgd', got {other_optimizer!r}")
+    if total_steps is not None and not (isinstance(total_steps, int) and total_steps >= 1):
+        raise ValueError(f"total_steps must be a positive integer or None, got {total_steps!r}")
