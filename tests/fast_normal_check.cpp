@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "vmfdist/fast_normal.h"
+#include "vmfdist/isa_dispatch.h"
 
 int main(int argc, char** argv) {
   if (argc != 5 && argc != 6) return 2;

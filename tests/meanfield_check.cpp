@@ -11,7 +11,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "vmfdist/macros.h"
+#include "vmfdist/isa_dispatch.h"
 #include "vmfdist/meanfield.h"
 
 namespace mf = vmfdist::meanfield;

@@ -13,6 +13,7 @@
 
 #include "host/elementwise_host.h"
 #include "vmfdist/elementwise.h"
+#include "vmfdist/isa_dispatch.h"
 #include "vmfdist/macros.h"
 
 namespace vmfdist {
@@ -57,7 +58,7 @@ VMF_FORCEINLINE void store(char* p, int64_t stride, int64_t m, const double* src
 // One inner run of n elements: data[k], strides[k] (bytes) are the outputs, then the
 // two inputs.  Blocks of kBlock elements are read into double, computed (the
 // functor's block routine, or the functor element by element) and rounded once to
-// the output dtype.  Called through isa::dispatch (macros.h): compiled for baseline
+// the output dtype.  Called through isa::dispatch (isa_dispatch.h): compiled for baseline
 // x86-64 and for AVX2 + FMA, the scalar math inlined into each copy.
 template <class Fn>
 VMF_FORCEINLINE void compute(const Fn& fn, const double* a, const double* b, double* const* out, int64_t m) {

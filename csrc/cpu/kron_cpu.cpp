@@ -14,6 +14,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "vmfdist/isa_dispatch.h"
 #include "vmfdist/kron.h"
 #include "host/kron_host.h"
 #include "host/random_state.h"
@@ -26,7 +27,7 @@ using kron::PowMode;
 
 constexpr int64_t kGrain = 32768;  // elements per task of the elementwise pass
 
-// The two passes below run through isa::dispatch (macros.h), once per parallel_for task.
+// The two passes below run through isa::dispatch (isa_dispatch.h), once per parallel_for task.
 
 // t *= s^p over [0, rows * in) in stretches that stay inside one batch entry.
 template <PowMode M, typename scalar_t>

@@ -3,7 +3,7 @@
 // (and the KL terms) once and then serves every sample, so no temporary of the output's size is
 // made.  The normals of an element depend only on (seed, offset, sample, position) and the KL's
 // chunk sums are added in a fixed order, so any thread count gives the same bits.  Every
-// parallel_for task runs through isa::dispatch (macros.h): the loops over a chunk are compiled
+// parallel_for task runs through isa::dispatch (isa_dispatch.h): the loops over a chunk are compiled
 // for baseline x86-64 and for AVX2 + FMA, the copy chosen at run time.  The operators (checks,
 // seed, outputs) are shared with CUDA: meanfield::Ops in host/meanfield_host.h.
 #include <ATen/ATen.h>
@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "vmfdist/isa_dispatch.h"
 #include "vmfdist/meanfield.h"
 #include "host/meanfield_host.h"
 #include "host/random_state.h"

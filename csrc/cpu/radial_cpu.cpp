@@ -4,7 +4,7 @@
 // place (pass 1 also copies the normals into `noise` when the caller keeps them).  The backward
 // pass reads the kept eps or regenerates them chunk by chunk.  The operators (checks,
 // seed, outputs) are shared with CUDA: radial::Ops in host/radial_host.h.  Every
-// parallel_for task runs through isa::dispatch (macros.h): the normals and the loops
+// parallel_for task runs through isa::dispatch (isa_dispatch.h): the normals and the loops
 // over a chunk are compiled for baseline x86-64 and for AVX2 + FMA, the copy chosen at
 // run time.
 #include <ATen/ATen.h>
@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "vmfdist/isa_dispatch.h"
 #include "vmfdist/radial.h"
 #include "host/radial_host.h"
 #include "host/random_state.h"

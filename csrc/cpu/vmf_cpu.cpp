@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "vmfdist/fast_normal.h"
+#include "vmfdist/isa_dispatch.h"
 #include "vmfdist/vmf.h"
 #include "host/random_state.h"
 #include "host/vmf_host.h"
@@ -109,7 +110,7 @@ constexpr int64_t kShortRow = 16;
 // Rows [begin, end): the tangent normals of each row from the stream (seed, offset + 1,
 // row) (fast_normal.h), then finish_row with the marginal from (seed, offset, row).
 // Wood's envelope is recomputed only when kappa changes from one row to the next.
-// Called through isa::dispatch (macros.h), so the vectorised normals and row passes
+// Called through isa::dispatch (isa_dispatch.h), so the vectorised normals and row passes
 // run in the AVX2 + FMA copy where the CPU has it.
 template <class scalar_t>
 void sample_rows(const scalar_t* pm, const scalar_t* pk, int64_t B, int64_t d, uint64_t seed, uint64_t offset,

@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "vmfdist/bessel.h"
+#include "vmfdist/isa_dispatch.h"
 #include "vmfdist/macros.h"
 #include "vmfdist/vmf.h"
 

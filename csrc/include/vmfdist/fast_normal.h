@@ -8,7 +8,7 @@
 //   * a loop over Philox blocks vectorises (the CPU batch routine normals_f32
 //     processes kLanes blocks at a time; its callers run it through
 //     isa::dispatch, so it is compiled for AVX2 + FMA and for the baseline ISA,
-//     chosen at run time: macros.h), and
+//     chosen at run time: isa_dispatch.h), and
 //   * host and device evaluate the same float operations in the same order
 //     (no FMA contraction: -ffp-contract=off / --fmad=false), so a row's normals
 //     are the same bits on CPU and GPU.
@@ -26,6 +26,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "vmfdist/isa_dispatch.h"
 #include "vmfdist/macros.h"
 #include "vmfdist/philox.h"
 
@@ -178,7 +179,7 @@ VMF_FORCEINLINE void philox_lanes_normals(uint32_t* x0, uint32_t* x1, uint32_t* 
 }
 
 // Blocks j0 .. j0 + kLanes - 1 of one stream (counter words 1-3 fixed).  A dispatch of
-// its own (isa::dispatch, macros.h): the lane loops vectorise best compiled by themselves,
+// its own (isa::dispatch, isa_dispatch.h): the lane loops vectorise best compiled by themselves,
 // not flattened into a caller's dispatch.
 inline void normals_f32_chunk(uint32_t j0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1,
                               float* out) {
