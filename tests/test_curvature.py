@@ -290,3 +290,87 @@ def test_mc_fisher_is_unbiased_for_the_exact_fisher():
         se = gs.std(0) / math.sqrt(len(runs))
         assert bool(((gs.mean(0) - lf.G).abs() <= 5 * se + 1e-12).all())
         torch.testing.assert_close(runs[0][name].A, lf.A, rtol=1e-13, atol=1e-15)  # A does not depend on labels
+
+
+# ---- the value type and the collection pass -------------------------------------------------------------------
+def test_kronecker_factor_blocks_scaling_and_damping_against_dense():
+    from vmfdist.curvature import KroneckerFactor
+    g = torch.Generator().manual_seed(4)
+    ra, rg = torch.randn(9, 4, generator=g, dtype=DT), torch.randn(9, 3, generator=g, dtype=DT)
+    f = KroneckerFactor(ra.T @ ra, rg.T @ rg)
+    assert f.shape == (3, 4)
+    assert f.q_a is None and f.q_g is None  # no bases before they are asked for
+    # K-FAC eigenvalues in the eigenbasis reproduce G (x) A
+    ev = f.kfac_eigenvalues()
+    Q = torch.kron(f.q_g, f.q_a)
+    torch.testing.assert_close(Q @ torch.diag(ev.reshape(-1)) @ Q.T, f.dense(), rtol=1e-10, atol=1e-12)
+    # damped eigenvalues are those of the damped factors' Kronecker product (pi fixed at 1.7)
+    Ad, Gd = f.damped_factors(0.3, pi=1.7)
+    dense = torch.linalg.eigvalsh(torch.kron(Gd, Ad))
+    torch.testing.assert_close(torch.sort(f.damped_eigenvalues(0.3, 1.7).reshape(-1)).values, dense, rtol=1e-10,
+                               atol=1e-12)
+    # the weight and bias parts of a joint factor
+    torch.testing.assert_close(f.block("weight").A, f.A[:3, :3])
+    torch.testing.assert_close(f.block("bias").A, f.A[3:, 3:])
+    assert f.block("joint").A is f.A
+    with pytest.raises(ValueError, match="kind must be"):
+        f.block("both")
+    s = f.scaled(2.0, 3.0)
+    torch.testing.assert_close(s.dense(), 6.0 * f.dense())
+    torch.testing.assert_close(s.kfac_eigenvalues(), 6.0 * ev)
+
+
+def test_factor_rows_give_the_batch_factors():
+    from vmfdist.curvature import factor_rows, gradient_factor, input_factor
+    g = torch.Generator().manual_seed(5)
+    for T in (1, 4):
+        a = torch.randn(6, T, 5, generator=g, dtype=DT)
+        gs = [torch.randn(6, T, 3, generator=g, dtype=DT) for _ in range(2)]
+        for approx in ("expand", "reduce"):
+            ra, c, rg = factor_rows(a, gs, approx)
+            torch.testing.assert_close(c * ra.T @ ra, input_factor(a, approx), rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(sum(r.T @ r for r in rg), sum(gradient_factor(x, approx) for x in gs),
+                                       rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("likelihood", ["classification", "regression"])
+def test_compute_kfac_reports_the_data_loss(likelihood):
+    model = _mlp()
+    g = torch.Generator().manual_seed(6)
+    X = torch.randn(15, 5, generator=g, dtype=DT)
+    y = torch.randint(0, 3, (15,), generator=g) if likelihood == "classification" else torch.randn(15, 3, generator=g,
+                                                                                                      dtype=DT)
+    data = [(X[:8], y[:8]), (X[8:], y[8:])]
+    res = compute_kfac(model, data, likelihood, sigma_noise=0.7)
+    with torch.no_grad():
+        f = model(X)
+    if likelihood == "classification":
+        ref = nn.functional.cross_entropy(f, y, reduction="sum")
+    else:
+        ref = 0.5 * ((f - y) ** 2).sum() / 0.7 ** 2
+    torch.testing.assert_close(res.loss, ref, rtol=1e-12, atol=0)
+    assert res.settings["num_outputs"] == 3 and set(res.modules) == set(res.layers)
+
+
+def test_collector_and_targets_checks():
+    from vmfdist.curvature import KFACCollector, batch_nll, check_output, find_layers
+    model = _mlp()
+    X = torch.randn(4, 5, dtype=DT)
+    with pytest.raises(ValueError, match=r"the model must return a \(batch, outputs\) tensor, got \(4,\)"):
+        check_output(torch.zeros(4))
+    with pytest.raises(ValueError, match="got tuple"):
+        check_output((torch.zeros(4, 3),))
+    f = model(X)
+    with pytest.raises(ValueError, match=r"classification targets must lie in \[0, 3\)"):
+        batch_nll(f, torch.tensor([0, 1, 3, 0]), "classification")
+    with pytest.raises(ValueError, match="integer class indices"):
+        batch_nll(f, torch.tensor([0.0, 1.0, 2.0, 0.0]), "classification")
+    layers = find_layers(model)
+    with KFACCollector(layers) as col:
+        params = [m.weight for m in layers.values()]
+        out, stats = col.collect(model, X, None, "classification", "type-2", params)
+        assert out.shape == (4, 3) and list(stats) == list(layers)
+        a, gs = stats["0"]
+        assert a.shape == (4, 1, 6) and len(gs) == 3 and gs[0].shape == (4, 1, 7)
+        assert not col.inputs and all(not v for v in col.grads.values())  # cleared after the batch
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in layers.values())  # hooks removed on exit

@@ -651,3 +651,43 @@ def test_fit_without_override_adds_the_data():
     ek.fit(_loader(X, y))
     with pytest.raises(ValueError, match=r"override=False\) is not supported"):
         ek.fit(_loader(X, y), override=False)
+
+
+@pytest.mark.parametrize("cls", [KFACLaplace, EKFACLaplace])
+def test_a_failed_fit_leaves_the_approximation_as_it_was(cls):
+    """fit collects everything before it changes anything: a batch that fails half-way through the
+    data (wrong target shape, non-finite curvature) raises and the earlier fit stands unchanged."""
+    model = _mlp()
+    X, y = _data("classification")
+    la = cls(model, "classification", prior_precision=0.5)
+    la.fit(_loader(X, y))
+    before = (float(la.log_marginal_likelihood()), la(X[:5]).clone(), la.n_data, la.loss.clone())
+    bad_shape = [(X[:16], y[:16]), (X[16:32], y[16:32]), (X[32:35], y[32:34])]
+    with pytest.raises(ValueError, match="classification targets must have shape"):
+        la.fit(bad_shape)
+    X_nan = X.clone()
+    X_nan[-1, 0] = float("nan")
+    with pytest.raises(FloatingPointError):
+        la.fit(_loader(X_nan, y), override=cls is EKFACLaplace)
+    assert float(la.log_marginal_likelihood()) == before[0] and torch.equal(la(X[:5]), before[1])
+    assert la.n_data == before[2] and torch.equal(la.loss, before[3])
+
+
+def test_optimizer_factors_are_curvatures_value_type():
+    """NoisyKFAC / NoisyEKFAC hand out their curvature as vmfdist.curvature.KroneckerFactor; the
+    Laplace reads those, not the optimizer's state."""
+    from vmfdist.curvature import KroneckerFactor
+    from vmfdist.optim import NoisyEKFAC, NoisyKFAC
+
+    X, y = _data("classification")
+    for cls in (NoisyKFAC, NoisyEKFAC):
+        opt = cls(_mlp(), 40, "classification", seed=0, T_stats=1, T_inv=1, T_scale=1)
+        for _ in range(3):
+            opt.step(X, y)
+        fs = opt.kronecker_factors()
+        assert list(fs) == list(opt.layers)
+        for name, mod in opt.layers.items():
+            f, st = fs[name], opt.state[mod.weight]
+            assert isinstance(f, KroneckerFactor)
+            assert f.A is st["A"] and f.G is st["G"] and f.q_a is st["q_a"] and f.q_g is st["q_g"]
+            assert (f.moments is st["S"]) if cls is NoisyEKFAC else f.moments is None
