@@ -391,3 +391,91 @@ def test_devices_agree(device, dtype, tol):
             res.append([t.detach().cpu() for t in (out, kl, a.grad, b.grad)])
         for x, y in zip(*res):
             torch.testing.assert_close(y, x, rtol=tol, atol=tol)
+
+
+# ---------------------------------------------------------------------------------------------
+# the public functions the mean-field layers call: save_noise, the fused sample + KL, validate_args
+
+
+def test_sample_kl_is_sample_and_kl_in_one_pass():
+    """meanfield_sample_kl gives meanfield_sample's samples and meanfield_kl's value for the same
+    generator, and the gradient of a loss through both is the sum of the two separate gradients;
+    save_noise changes neither values nor gradients."""
+    from vmfdist.distributions import meanfield_sample_kl
+
+    g = torch.Generator().manual_seed(11)
+    mu0, rho0 = torch.randn(4, 6, dtype=F64, generator=g), torch.randn(4, 6, dtype=F64, generator=g) - 1
+    c = torch.randn(2, 4, 6, dtype=F64, generator=g)
+    for m, s in [(0.0, 1.0), (torch.tensor(0.3, dtype=F64), torch.rand(4, 6, dtype=F64, generator=g) + 0.5)]:
+        res = []
+        for save in (False, True):
+            mu, rho = mu0.clone().requires_grad_(), rho0.clone().requires_grad_()
+            w, kl = meanfield_sample_kl(mu, rho, m, s, (2,), torch.Generator().manual_seed(3), save_noise=save)
+            assert w.shape == (2, 4, 6) and kl.shape == ()
+            res.append([t.detach() for t in (w, kl, *torch.autograd.grad((w * c).sum() + kl, (mu, rho)))])
+            mu2, rho2 = mu0.clone().requires_grad_(), rho0.clone().requires_grad_()
+            w2 = meanfield_sample(mu2, rho2, (2,), torch.Generator().manual_seed(3), save_noise=save)
+            kl2 = meanfield_kl(mu2, rho2, m, s)
+            assert torch.equal(w.detach(), w2.detach()) and torch.equal(kl.detach(), kl2.detach())
+            g2 = torch.autograd.grad((w2 * c).sum() + kl2, (mu2, rho2))
+            for a, b in zip(res[-1][2:], g2):
+                torch.testing.assert_close(a, b, rtol=1e-14, atol=1e-15)
+        for a, b in zip(*res):
+            assert torch.equal(a, b)
+    # sample shapes of any length, and loc=None for meanfield_sample only
+    w, kl = meanfield_sample_kl(mu0, rho0, sample_shape=(2, 3))
+    assert w.shape == (2, 3, 4, 6)
+    assert meanfield_sample(None, rho0, ()).shape == (4, 6)
+
+
+def test_validate_args_skips_only_the_read_back():
+    """validate_args=False skips the check prior_scale > 0 (a device read-back); types, shapes and
+    devices are still checked, with the same messages."""
+    from vmfdist.distributions import meanfield_sample_kl
+
+    mu, rho = torch.zeros(2, 3, dtype=F64), torch.zeros(2, 3, dtype=F64)
+    neg = torch.tensor(-1.0, dtype=F64)
+    with pytest.raises(ValueError, match="meanfield_kl: prior_scale must be positive"):
+        meanfield_kl(mu, rho, 0.0, neg)
+    with pytest.raises(ValueError, match="meanfield_sample_kl: prior_scale must be positive"):
+        meanfield_sample_kl(mu, rho, 0.0, neg)
+    assert torch.isnan(meanfield_kl(mu, rho, 0.0, neg, validate_args=False))  # log of a negative scale
+    meanfield_sample_kl(mu, rho, 0.0, neg, validate_args=False)
+    for kw in ({}, {"validate_args": False}):
+        with pytest.raises(ValueError, match="prior_loc must be a number, a one-element tensor or have rho's shape"):
+            meanfield_kl(mu, rho, torch.zeros(3, dtype=F64), 1.0, **kw)
+        with pytest.raises(ValueError, match="meanfield_sample_kl: prior_scale must be a number"):
+            meanfield_sample_kl(mu, rho, 0.0, torch.ones(3, dtype=F64), **kw)
+        with pytest.raises(ValueError, match="loc and rho must have the same shape"):
+            meanfield_sample_kl(torch.zeros(3, dtype=F64), rho, **kw)
+        with pytest.raises(TypeError, match="meanfield_sample_kl: loc must be a tensor, got None"):
+            meanfield_sample_kl(None, rho, **kw)
+        with pytest.raises(TypeError, match="meanfield_sample_kl: prior_loc must be real"):
+            meanfield_sample_kl(mu, rho, 1j, 1.0, **kw)
+    with pytest.raises(ValueError, match="meanfield_sample_kl: sample_shape must hold sizes"):
+        meanfield_sample_kl(mu, rho, sample_shape=(-1,))
+    with pytest.raises(TypeError, match="meanfield_sample_kl: generator must be a torch.Generator"):
+        meanfield_sample_kl(mu, rho, generator=1)
+    # float32 priors under float64 parameters are cast (what the layers' buffers may be)
+    kl32 = meanfield_kl(mu, rho, torch.tensor(0.5), torch.tensor(2.0))
+    assert kl32.dtype == F64 and torch.equal(kl32, meanfield_kl(mu, rho, 0.5, 2.0))
+
+
+def test_kl_diag_normal_is_the_sum_of_torchs_normal_kl():
+    """distributions.kl.kl_diag_normal (the mean-field layers' closed form from tensors) against
+    torch's registered Normal || Normal, for number, 0-dim, full and broadcasting prior parameters,
+    and a float32 prior under float64 parameters."""
+    from vmfdist.distributions.kl import kl_diag_normal
+
+    g = torch.Generator().manual_seed(12)
+    mu, sig = torch.randn(5, 7, dtype=F64, generator=g), torch.rand(5, 7, dtype=F64, generator=g) + 0.1
+    for m, s in [(0.0, 1.0), (torch.tensor(0.2, dtype=F64), torch.tensor(0.7, dtype=F64)),
+                 (torch.randn(5, 7, dtype=F64, generator=g), torch.rand(5, 7, dtype=F64, generator=g) + 0.3),
+                 (torch.zeros(5, 1, dtype=F64), torch.linspace(0.5, 1.5, 5, dtype=F64).reshape(5, 1)),
+                 (torch.tensor(0.2), torch.tensor(0.7))]:
+        mt, st_ = (torch.as_tensor(x, dtype=F64) for x in (m, s))
+        ref = torch.distributions.kl_divergence(torch.distributions.Normal(mu, sig),
+                                                torch.distributions.Normal(mt, st_)).sum()
+        got = kl_diag_normal(mu, sig, m, s)
+        assert got.shape == () and got.dtype == F64
+        torch.testing.assert_close(got, ref, rtol=1e-13, atol=1e-13)

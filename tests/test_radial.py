@@ -537,3 +537,35 @@ def test_radial_noise_kept_noise_gives_the_same_bits(dtype, rowwise):
         w = radial_noise(loc, scale, (2,), rowwise=rowwise, generator=torch.Generator().manual_seed(3), save_noise=save)
         grads.append(torch.autograd.grad((w * torch.arange(84.0, dtype=dtype).view(2, 6, 7)).sum(), (loc, scale)))
     assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def test_kl_radial_normal_functions_are_the_registered_kl():
+    """distributions.kl.kl_radial_normal (what the registered Radial || Independent(Normal) calls,
+    and the Radial layers with it) takes the prior's parameters as numbers, 0-dim or broadcasting
+    tensors: all give the registered KL against the prior expanded to full size; and
+    kl_radial_normal_softplus, the layers' fused evaluation from (mu, rho), gives the same value."""
+    from vmfdist.distributions.kl import kl_radial_normal, kl_radial_normal_softplus
+
+    g = torch.Generator().manual_seed(21)
+    mu, rho = torch.randn(4, 6, generator=g, dtype=F64), torch.randn(4, 6, generator=g, dtype=F64) - 1
+    q = Radial(mu, torch.nn.functional.softplus(rho))
+    for m, s in [(0.0, 1.0), (torch.tensor(0.3, dtype=F64), torch.tensor(0.8, dtype=F64)),
+                 (torch.randn(4, 6, generator=g, dtype=F64), torch.rand(4, 6, generator=g, dtype=F64) + 0.5),
+                 (torch.zeros(4, 1, dtype=F64), torch.linspace(0.5, 2.0, 4, dtype=F64).reshape(4, 1))]:
+        mt, st_ = (torch.as_tensor(x, dtype=F64).expand(4, 6) for x in (m, s))
+        ref = kl_divergence(q, Independent(Normal(mt, st_), 2))
+        torch.testing.assert_close(kl_radial_normal(q, m, s), ref, rtol=1e-13, atol=1e-13)
+        if torch.as_tensor(m).numel() == 1 or torch.as_tensor(m).shape == mu.shape:
+            fused = kl_radial_normal_softplus(mu, rho, torch.as_tensor(m, dtype=F64), torch.as_tensor(s, dtype=F64))
+            torch.testing.assert_close(fused, ref, rtol=1e-12, atol=1e-12)
+    # one element: the normal KL
+    one = Radial(mu[:1, :1], q.scale[:1, :1])
+    torch.testing.assert_close(kl_radial_normal(one, 0.2, 1.5),
+                               kl_divergence(Normal(mu[0, 0], q.scale[0, 0]),
+                                             Normal(torch.tensor(0.2, dtype=F64), torch.tensor(1.5, dtype=F64))),
+                               rtol=1e-14, atol=0)
+    # a batch of Radials with 0-dim prior parameters: summed over each event
+    qb = Radial(mu, q.scale, event_dims=1)
+    torch.testing.assert_close(kl_radial_normal(qb, torch.tensor(0.1, dtype=F64), torch.tensor(2.0, dtype=F64)),
+                               torch.stack([kl_radial_normal(Radial(mu[i], q.scale[i]), 0.1, 2.0) for i in range(4)]),
+                               rtol=1e-14, atol=1e-14)

@@ -1000,3 +1000,54 @@ def test_fit_checks_unit_vectors_and_real_input():
         fit_vmf(x.to(torch.complex128))
     with pytest.raises(TypeError, match="weights must be real"):
         fit_vmf(x, torch.ones(100, dtype=torch.complex128))
+
+
+# ---------------------------------------------------------------------------
+# vmf_sample: the public sampler over raw tensors (what the RDP layers call)
+
+
+def test_vmf_sample_is_rsample_for_unit_loc_and_normalises_loc():
+    """The same op as VonMisesFisher.rsample: the same samples for unit directions with the same
+    generator, shape sample_shape + loc.shape (batch dimensions kept); a scaled direction gives the
+    samples of its unit vector, and the gradient to it is the chain rule through the normalisation."""
+    from vmfdist.distributions import vmf_sample
+
+    loc = torch.stack([torch.stack([unit(5, 1), unit(5, 2), unit(5, 3)]), torch.stack([unit(5, 4), unit(5, 5),
+                                                                                        unit(5, 6)])])
+    k = torch.tensor([[0.0, 2.0, 40.0], [1e-3, 5.0, 1e4]], dtype=F64)
+    x = vmf_sample(loc, k, (4,), generator=torch.Generator().manual_seed(7))
+    assert x.shape == (4, 2, 3, 5)
+    ref_x = VonMisesFisher(loc, k).rsample((4,), generator=torch.Generator().manual_seed(7))
+    assert torch.equal(x, ref_x)
+    scale = torch.tensor([[2.0], [0.5], [3.0]], dtype=F64)
+    raw = (loc * scale).requires_grad_(True)
+    kg = k.clone().requires_grad_(True)
+    x2 = vmf_sample(raw, kg, (4,), generator=torch.Generator().manual_seed(7))
+    torch.testing.assert_close(x2, ref_x, rtol=1e-14, atol=1e-14)
+    c = torch.randn(5, generator=torch.Generator().manual_seed(8), dtype=F64)
+    g_raw, g_k = torch.autograd.grad((x2 @ c).square().sum(), (raw, kg))
+    raw2 = raw.detach().clone().requires_grad_(True)
+    kg2 = k.clone().requires_grad_(True)
+    xr = VonMisesFisher(raw2 / raw2.norm(dim=-1, keepdim=True), kg2).rsample(
+        (4,), generator=torch.Generator().manual_seed(7))
+    r_raw, r_k = torch.autograd.grad((xr @ c).square().sum(), (raw2, kg2))
+    torch.testing.assert_close(g_raw, r_raw, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(g_k, r_k, rtol=1e-10, atol=1e-12)
+    # a 1-d loc (one direction, 0-dim concentration) and a sample_shape of several dimensions
+    assert vmf_sample(unit(3), torch.tensor(1.0, dtype=F64), (2, 3)).shape == (2, 3, 3)
+
+
+def test_vmf_sample_bad_input():
+    from vmfdist.distributions import vmf_sample
+
+    loc, k = torch.stack([unit(4, 1), unit(4, 2)]), torch.ones(2, dtype=F64)
+    with pytest.raises(ValueError, match=r"vmf_sample: concentration must have shape loc.shape\[:-1\] = \(2,\)"):
+        vmf_sample(loc, torch.ones(3, dtype=F64))
+    with pytest.raises(ValueError, match="vmf_sample: loc must have shape .* d >= 2"):
+        vmf_sample(torch.ones(2, 1, dtype=F64), k)
+    with pytest.raises(TypeError, match="vmf_sample: loc and concentration must be tensors"):
+        vmf_sample(loc.tolist(), k)
+    with pytest.raises(TypeError, match="vmf_sample: generator must be a torch.Generator"):
+        vmf_sample(loc, k, (2,), generator=3)
+    with pytest.raises(RuntimeError, match="vmf_sample"):  # the op names the dtype mismatch
+        vmf_sample(loc, k.float())

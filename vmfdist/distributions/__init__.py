@@ -1,8 +1,8 @@
 """Distributions in the :mod:`torch.distributions` API, with registered KL divergences.
 
-* :class:`VonMisesFisher`, :class:`HypersphericalUniform` (``von_mises_fisher.py``)
+* :class:`VonMisesFisher`, :class:`HypersphericalUniform`, :func:`vmf_sample` (``von_mises_fisher.py``)
 * :class:`Radial`, :func:`radial_noise`, :func:`kl_radial_radial` (``radial.py``)
-* :func:`meanfield_sample`, :func:`meanfield_kl`: fused sampling and KL of a factorised Gaussian
+* :func:`meanfield_sample`, :func:`meanfield_kl`, :func:`meanfield_sample_kl`: fused sampling and KL of a factorised Gaussian
   with a softplus scale, the mean-field layers' posterior (``meanfield.py``)
 * KL divergences torch lacks for the radius priors: LogNormal||Gamma,
   LogNormal||InverseGamma, Weibull||Weibull (``kl.py``)
@@ -13,7 +13,7 @@
 from . import kl  # noqa: F401  (registers the KL divergences)
 from . import transforms  # noqa: F401  (registers biject_to / transform_to for the sphere)
 from .matrix_normal import EigenvalueCorrectedMatrixNormal, MatrixNormal  # noqa: F401
-from .meanfield import meanfield_kl, meanfield_sample  # noqa: F401
+from .meanfield import meanfield_kl, meanfield_sample, meanfield_sample_kl  # noqa: F401
 from .radial import Radial, kl_radial_radial, radial_noise  # noqa: F401
 from .transforms import NormalizeTransform, StereographicTransform  # noqa: F401
 from .von_mises_fisher import (  # noqa: F401
@@ -23,6 +23,7 @@ from .von_mises_fisher import (  # noqa: F401
     log_sphere_area,
     sphere,
     vmf_log_normalizer,
+    vmf_sample,
 )
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "kl_radial_radial",
     "meanfield_sample",
     "meanfield_kl",
+    "meanfield_sample_kl",
     "MatrixNormal",
     "EigenvalueCorrectedMatrixNormal",
     "VonMisesFisher",
@@ -38,6 +40,7 @@ __all__ = [
     "fit_vmf",
     "log_sphere_area",
     "vmf_log_normalizer",
+    "vmf_sample",
     "sphere",
     "StereographicTransform",
     "NormalizeTransform",

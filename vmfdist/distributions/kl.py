@@ -24,9 +24,18 @@ Gamma||Gamma agrees with eq. (49) (tested).
 
 With :math:`q = \mathrm{LN}(\mu, \sigma^2)`: :math:`E\log x = \mu`,
 :math:`E x^{\pm1} = e^{\pm\mu + \sigma^2/2}`, :math:`H[q] = \mu + \tfrac12\log(2\pi e\sigma^2)`.
+
+Every formula is written once, here, as a function of tensors where the Bayesian layers
+(:mod:`vmfdist.nn`) need it without distribution objects, and the registered KL calls that
+function: :func:`kl_diag_normal` (a factorised Gaussian to an elementwise Gaussian, summed),
+:func:`kl_radial_normal` (``Radial || Independent(Normal)``) and
+:func:`kl_radial_normal_softplus` (the same KL from a layer's :math:`(\mu, \rho)`, through the
+fused mean-field KL), :func:`kl_vmf_vmf`, :func:`kl_vmf_uniform`, :func:`kl_lognormal_gamma`
+and :func:`kl_lognormal_inverse_gamma`.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -37,6 +46,7 @@ from .. import special
 from ._constants import EULER_GAMMA
 from .matrix_normal import (EigenvalueCorrectedMatrixNormal, MatrixNormal, eigen_marginal_variance,
                             kron_mahalanobis, _tril_trace_ratio)
+from .meanfield import meanfield_kl
 from .radial import Radial
 from .von_mises_fisher import HypersphericalUniform, VonMisesFisher, log_sphere_area, vmf_log_normalizer
 
@@ -167,13 +177,87 @@ def _kl_uniform_uniform(q, p):
     return torch.zeros(torch.broadcast_shapes(q.batch_shape, p.batch_shape), dtype=q._dtype, device=q._device)
 
 
+# ---- Gaussian ----------------------------------------------------------------
+def _prior_tensor(x, like):
+    """A prior parameter (tensor or number) in ``like``'s dtype (the layers' prior buffers may be
+    float32 under a float64 layer)."""
+    if isinstance(x, torch.Tensor):
+        return x.to(like.dtype)
+    return torch.tensor(x, dtype=like.dtype, device=like.device)
+
+
+def kl_diag_normal(loc, scale, prior_loc, prior_scale):
+    r""":math:`\sum_i \mathrm{KL}(\mathcal N(\mu_i, \sigma_i^2)\,\|\,\mathcal N(m_i, s_i^2))
+    = \sum_i \log(s_i/\sigma_i) + (\sigma_i^2 + (\mu_i - m_i)^2)/(2 s_i^2) - \tfrac12`, summed over
+    all elements of ``loc`` (a 0-dim tensor), from the tensors: ``loc`` :math:`\mu`, ``scale``
+    :math:`\sigma` of one shape; ``prior_loc`` :math:`m` and ``prior_scale`` :math:`s` numbers or
+    tensors broadcasting to it, taken in ``loc``'s dtype.  For 0-dim (or number) prior
+    parameters the constant terms are summed once (:math:`n(\log s - \tfrac12)`), so the prior is
+    never expanded to full size.  The elementwise formula is torch's registered
+    ``Normal || Normal``; the mean-field layers use this sum (and, where the prior allows, the
+    fused :func:`~vmfdist.distributions.meanfield.meanfield_kl`)."""
+    m, s = _prior_tensor(prior_loc, loc), _prior_tensor(prior_scale, loc)
+    if m.dim() == 0 and s.dim() == 0:
+        return loc.numel() * (torch.log(s) - 0.5) + (torch.addcmul(-scale.log(), scale * scale + (loc - m).square(),
+                                                                   0.5 / (s * s))).sum()
+    return (torch.log(s / scale) + (scale.square() + (loc - m).square()) / (2 * s * s) - 0.5).sum()
+
+
 # ---- Radial ------------------------------------------------------------------
+def kl_radial_normal(q: Radial, prior_loc, prior_scale) -> torch.Tensor:
+    r"""KL(Radial(mu, sigma) || prod_i N(m_i, s_i^2)) in closed form:
+    :math:`-H[q] + \sum_i [\tfrac12\log 2\pi s_i^2 + ((\mu_i - m_i)^2 + \sigma_i^2/D)/(2 s_i^2)]`,
+    since :math:`E[v_i] = 0`, :math:`E[v_i^2] = 1/D` and the cross terms vanish (:math:`D` the
+    event's number of elements).  ``prior_loc`` and ``prior_scale`` (numbers or tensors, taken in
+    ``q.loc``'s dtype) broadcast against ``q.loc``; the sum runs over the event, so the result
+    has ``q``'s batch shape (broadcast with the prior's leading dimensions).  For 0-dim prior
+    parameters and a single Radial (batch shape ``()``) the sums are formed first, without
+    expanding the prior to full size."""
+    m, s = _prior_tensor(prior_loc, q.loc), _prior_tensor(prior_scale, q.loc)
+    d, k = q.numel, q.event_dims
+    if m.dim() == 0 and s.dim() == 0 and not q.batch_shape:
+        cross = 0.5 * d * torch.log(2 * math.pi * s * s) + ((q.loc - m).square().sum()
+                                                            + q.scale.square().sum() / d) / (2 * s * s)
+    else:
+        cross = 0.5 * torch.log(2 * math.pi * s.pow(2)) + ((q.loc - m).pow(2) + q.scale.pow(2) / d) / (2 * s.pow(2))
+        cross = cross.sum(tuple(range(-k, 0))) if k else cross
+    return cross - q.entropy()
+
+
+def kl_radial_normal_softplus(loc, rho, prior_loc, prior_scale) -> torch.Tensor:
+    r""":func:`kl_radial_normal` for ``Radial(loc, softplus(rho))`` (one distribution over the whole
+    tensor, :math:`D` elements) from the parameters the Radial layers store, evaluated with the
+    fused one-pass :func:`~vmfdist.distributions.meanfield.meanfield_kl` (no softplus, log and
+    sums as separate torch ops).  With :math:`H[q] = C(D) + \sum_i\log\sigma_i` the closed form
+    equals the mean-field KL to :math:`\mathcal N(m_i, D s_i^2)` plus
+    :math:`(1 - 1/D)\sum_i(\mu_i - m_i)^2/(2s_i^2)` plus
+    :math:`D(\tfrac12\log 2\pi - \tfrac12\log D + \tfrac12) - C(D)`.  ``prior_loc`` and
+    ``prior_scale`` are tensors of ``loc``'s dtype with one element or ``loc``'s shape (what
+    :func:`~vmfdist.distributions.meanfield.meanfield_kl` takes; not checked for positivity)."""
+    m, s = prior_loc, prior_scale
+    d = loc.numel()
+    kl = meanfield_kl(loc, rho, m, s * math.sqrt(d), validate_args=False)
+    if d > 1:
+        if s.numel() == 1:  # one fused pass (mse_loss) for sum (mu - m)^2
+            sq = torch.nn.functional.mse_loss(loc, m.expand_as(loc), reduction="sum") / (2 * s * s).reshape(())
+        else:
+            sq = ((loc - m).square() / (2 * s * s)).sum()
+        kl = kl + (1.0 - 1.0 / d) * sq
+    c_d = float(_radial_entropy_const(d))
+    return kl + (d * (0.5 * math.log(2 * math.pi) - 0.5 * math.log(d) + 0.5) - c_d)
+
+
+@functools.lru_cache(maxsize=64)
+def _radial_entropy_const(d):
+    """C(D) of the Radial entropy H[q] = C(D) + sum_i log sigma_i (the same constant as
+    :meth:`Radial.entropy`)."""
+    return Radial(torch.zeros(d, dtype=torch.float64), torch.ones(d, dtype=torch.float64)).entropy()
+
+
 @register_kl(Radial, Independent)
 def _kl_radial_normal(q, p):
-    r"""KL(Radial(mu, sigma) || prod_i N(mu_p,i, sigma_p,i^2)) in closed form:
-    :math:`-H[q] + \sum_i [\tfrac12\log 2\pi\sigma_{p,i}^2 + ((\mu_i - \mu_{p,i})^2 + \sigma_i^2/D)/(2\sigma_{p,i}^2)]`,
-    since :math:`E[v_i] = 0`, :math:`E[v_i^2] = 1/D` and the cross terms vanish.  The sum runs
-    over the event; batch shapes broadcast."""
+    r"""KL(Radial || Independent(Normal)) over the same event: :func:`kl_radial_normal`.  Batch
+    shapes broadcast."""
     if not isinstance(p.base_dist, Normal):
         raise NotImplementedError(f"KL(Radial || Independent) is implemented for Independent(Normal(...), "
                                   f"event_dims) over the same event shape, got a base distribution "
@@ -184,12 +268,7 @@ def _kl_radial_normal(q, p):
                          f"reinterpreted_batch_ndims) must reinterpret the Radial's event_dims = {q.event_dims} "
                          f"dimensions)")
     batch = torch.broadcast_shapes(q.batch_shape, p.batch_shape)
-    mp, sp = p.base_dist.loc, p.base_dist.scale
-    d = q.numel
-    cross = 0.5 * torch.log(2 * math.pi * sp.pow(2)) + ((q.loc - mp).pow(2) + q.scale.pow(2) / d) / (2 * sp.pow(2))
-    k = q.event_dims
-    cross = cross.sum(tuple(range(-k, 0))) if k else cross
-    return (cross - q.entropy()).expand(batch)
+    return kl_radial_normal(q, p.base_dist.loc, p.base_dist.scale).expand(batch)
 
 
 @register_kl(Radial, Radial)

@@ -43,6 +43,7 @@ __all__ = [
     "HypersphericalUniform",
     "log_sphere_area",
     "vmf_log_normalizer",
+    "vmf_sample",
     "fit_vmf",
     "sphere",
 ]
@@ -146,6 +147,30 @@ def vmf_log_normalizer(concentration: torch.Tensor, d: int, scaled: bool = False
     return _LogNormalizer.apply(kappa, d, bool(scaled))
 
 
+def vmf_sample(loc: torch.Tensor, concentration: torch.Tensor, sample_shape=torch.Size(),
+               generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    r"""Reparameterised draws from :math:`\mathrm{vMF}(\mathrm{loc}/\|\mathrm{loc}\|, \kappa)` for a batch
+    of directions, without building a distribution: ``loc`` ``(..., d)`` (:math:`d \ge 2`; any
+    non-zero vectors: the op normalises them, and its backward differentiates through that),
+    ``concentration`` :math:`\kappa \ge 0` of shape ``loc.shape[:-1]``, one dtype.  Returns
+    ``sample_shape + loc.shape``, differentiable in ``loc`` and ``concentration`` (the implicit
+    reparameterisation of :meth:`VonMisesFisher.rsample`, the same op and the same samples for
+    unit ``loc``); the seed is drawn inside the op from ``generator`` (default: the default
+    generator of ``loc``'s device; see :mod:`vmfdist.random`)."""
+    if not isinstance(loc, torch.Tensor) or not isinstance(concentration, torch.Tensor):
+        raise TypeError(f"vmf_sample: loc and concentration must be tensors, got {type(loc).__name__} and "
+                        f"{type(concentration).__name__}")
+    if loc.dim() < 1 or loc.shape[-1] < 2:
+        raise ValueError(f"vmf_sample: loc must have shape (..., d) with d >= 2, got {tuple(loc.shape)}")
+    if concentration.shape != loc.shape[:-1]:
+        raise ValueError(f"vmf_sample: concentration must have shape loc.shape[:-1] = {tuple(loc.shape[:-1])}, got "
+                         f"{tuple(concentration.shape)}")
+    d = loc.shape[-1]
+    x, _ = call_sampler("vmf_sample", lib.vmf_sample, loc.reshape(-1, d), concentration.reshape(-1),
+                        sample_shape=sample_shape, generator=generator, streams=2, event_shape=loc.shape)
+    return x
+
+
 def _check_dim(d) -> int:
     # torch.jit.trace records sizes as 0-dim integer tensors (the trace fixes them anyway)
     if isinstance(d, torch.Tensor) and d.dim() == 0 and not d.is_floating_point() and d.dtype != torch.bool:
@@ -236,7 +261,7 @@ class VonMisesFisher(Distribution):
         :math:`A' = 1 - A^2 - (d-1)A/\kappa` (along :math:`\mu`).  :math:`A'` is of order
         :math:`1/\kappa^2` for large :math:`\kappa`, so it is not formed from that difference of
         order-one terms (all digits lost by :math:`\kappa \approx 10^8`) but taken from
-        ``bessel_iv_ratio_grad``, the derivative of the ratio from its continued fraction
+        :func:`~vmfdist.special.bessel_iv_ratio_grad`, the derivative of the ratio from its continued fraction
         (within 10 ulp of mpmath over the whole range, ``tests/test_special.py``).
         :math:`A/\kappa \to 1/d` and :math:`A' \to 1/d` as :math:`\kappa \to 0`."""
         k = self.concentration
@@ -248,7 +273,7 @@ class VonMisesFisher(Distribution):
         tiny = k < math.sqrt(torch.finfo(k.dtype).tiny)
         safe = torch.where(tiny, torch.ones_like(k), k)
         a_over_k = torch.where(tiny, torch.full_like(k, 1.0 / self._dim), a / safe)
-        var_w = lib.bessel_iv_ratio_grad(half, k)
+        var_w = special.bessel_iv_ratio_grad(half, k)
         return a_over_k, var_w
 
     @property

@@ -31,6 +31,7 @@ from torch import nn
 from torch.distributions import Distribution, Independent, Normal
 
 from ..distributions import Radial, kl_radial_radial
+from ..distributions.kl import kl_diag_normal, kl_radial_normal
 
 __all__ = ["BayesianModule", "MODES"]
 
@@ -130,35 +131,19 @@ class _Prior(nn.Module):
 
 
 def _kl_gaussian_prior_fast(q: Distribution, prior: _Prior, shape) -> Optional[torch.Tensor]:
-    r"""The closed forms for an elementwise Gaussian prior :math:`\mathcal N(m, s^2)` whose
-    parameters broadcast to ``shape``, without materialising the prior at full size:
-
-    * ``Independent(Normal(mu, sigma))``: :math:`\sum_i \log(s_i/\sigma_i) + (\sigma_i^2 + (\mu_i - m_i)^2)/(2 s_i^2) - \tfrac12`;
-    * ``Radial(mu, sigma)`` (:math:`D` elements): :math:`-H[q] + \sum_i \tfrac12\log 2\pi s_i^2 + ((\mu_i - m_i)^2 + \sigma_i^2/D)/(2 s_i^2)`
-
-    (the same formulas as the registered KLs, which the tests check against Monte Carlo).
-    Returns None when the prior is of another kind."""
+    r"""The closed forms of :mod:`vmfdist.distributions.kl` for an elementwise Gaussian prior
+    :math:`\mathcal N(m, s^2)` whose parameters broadcast to ``shape``, from the prior's buffers
+    (never materialised at full size): ``Independent(Normal(mu, sigma))`` through
+    :func:`~vmfdist.distributions.kl.kl_diag_normal`, ``Radial(mu, sigma)`` through
+    :func:`~vmfdist.distributions.kl.kl_radial_normal`.  Returns None when the prior is of
+    another kind."""
     params = _gaussian_prior_params(prior, shape)
     if params is None:
         return None
     if isinstance(q, Independent) and isinstance(q.base_dist, Normal) and q.base_dist.loc.shape == torch.Size(shape):
-        return _kl_normal_closed_form(q.base_dist.loc, q.base_dist.scale, *params)
-    m, s = params
-    n = 1
-    for d in shape:
-        n *= d
-    scalar = m.dim() == 0 and s.dim() == 0
-    ref = getattr(q, "loc", None)
-    if ref is not None:  # the prior's buffers may be float32 under a float64 layer
-        m, s = m.to(ref.dtype), s.to(ref.dtype)
+        return kl_diag_normal(q.base_dist.loc, q.base_dist.scale, *params)
     if isinstance(q, Radial) and q.loc.shape == torch.Size(shape):
-        mu, sig = q.loc, q.scale
-        if scalar:
-            cross = (0.5 * n * torch.log(2 * math.pi * s * s)
-                     + ((mu - m).square().sum() + sig.square().sum() / n) / (2 * s * s))
-        else:
-            cross = (0.5 * torch.log(2 * math.pi * s * s) + ((mu - m).square() + sig.square() / n) / (2 * s * s)).sum()
-        return cross - q.entropy()
+        return kl_radial_normal(q, *params)
     return None
 
 
@@ -176,21 +161,13 @@ def _gaussian_prior_params(prior: _Prior, shape):
 
 def kl_normal_to_prior(mu: torch.Tensor, sig: torch.Tensor, prior: _Prior, mc_samples: int = 16) -> torch.Tensor:
     r"""KL(prod_i N(mu_i, sig_i^2) || prior) summed to a scalar, from the tensors (no distribution
-    objects for the elementwise Gaussian prior: :math:`\sum_i \log(s_i/\sigma_i) + (\sigma_i^2 + (\mu_i - m_i)^2)/(2 s_i^2) - \tfrac12`);
+    objects for the elementwise Gaussian prior: :func:`~vmfdist.distributions.kl.kl_diag_normal`);
     other priors through :func:`kl_to_prior`."""
     params = _gaussian_prior_params(prior, mu.shape)
     if params is None:
         return kl_to_prior(Independent(Normal(mu, sig, validate_args=False), mu.dim(), validate_args=False), prior,
                            mu.shape, mc_samples)
-    return _kl_normal_closed_form(mu, sig, *params)
-
-
-def _kl_normal_closed_form(mu, sig, m, s):
-    m, s = m.to(mu.dtype), s.to(mu.dtype)  # the prior's buffers may be float32 under a float64 layer
-    if m.dim() == 0 and s.dim() == 0:
-        return mu.numel() * (torch.log(s) - 0.5) + (torch.addcmul(-sig.log(), sig * sig + (mu - m).square(),
-                                                                  0.5 / (s * s))).sum()
-    return (torch.log(s / sig) + (sig.square() + (mu - m).square()) / (2 * s * s) - 0.5).sum()
+    return kl_diag_normal(mu, sig, *params)
 
 
 def kl_to_prior(q: Distribution, prior: _Prior, shape, mc_samples: int) -> torch.Tensor:

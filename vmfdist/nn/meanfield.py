@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch.distributions import Independent, Normal
 
-from .._ops import lib
-from ._base import _ConvOps, _LinearOps, _ScaledGaussianLayer, _conv_repr, _conv_setup, _linear_setup, kl_to_prior
+from ..distributions import meanfield_kl, meanfield_sample, meanfield_sample_kl
+from ._base import _ConvOps, _LinearOps, _ScaledGaussianLayer, _conv_repr, _conv_setup, _linear_setup
 
 __all__ = ["MeanFieldLinear", "MeanFieldConv2d"]
 
@@ -63,16 +63,20 @@ class _MeanField(_ScaledGaussianLayer):
         regenerated from their Philox streams there (less memory traffic)."""
         rho, bias_mu = self.weight_rho, self.bias_mu
         keep = rho.requires_grad and rho.device.type == "cpu" and torch.is_grad_enabled()
-        (m, s), (mb, sb) = priors if priors is not None else _NO_PRIORS
-        w, _, kl, _ = lib.meanfield_sample(self.weight_mu if with_loc else None, rho, m, s, num_samples, keep)
+        n = (num_samples,)
+        if priors is None:
+            w = meanfield_sample(self.weight_mu if with_loc else None, rho, n, save_noise=keep)
+            b = None if bias_mu is None else meanfield_sample(bias_mu if with_loc else None, self.bias_rho, n,
+                                                              save_noise=keep)
+            return w, b
+        # _fusable checked the priors' shapes and dtypes; no read-back of s > 0 on every step
+        (m, s), (mb, sb) = priors
+        w, kl = meanfield_sample_kl(self.weight_mu, rho, m, s, n, save_noise=keep, validate_args=False)
         b = None
         if bias_mu is not None:
-            b, _, kl_b, _ = lib.meanfield_sample(bias_mu if with_loc else None, self.bias_rho, mb, sb, num_samples,
-                                                 keep)
-            if priors is not None:
-                kl = kl + kl_b
-        if priors is not None:
-            self._kl_cache.store(kl, self._kl_inputs())
+            b, kl_b = meanfield_sample_kl(bias_mu, self.bias_rho, mb, sb, n, save_noise=keep, validate_args=False)
+            kl = kl + kl_b
+        self._kl_cache.store(kl, self._kl_inputs())
         return w, b
 
     def _fused_priors(self):
@@ -110,9 +114,9 @@ class _MeanField(_ScaledGaussianLayer):
         if kl is not None:
             return kl
         (m, s), (mb, sb) = priors
-        kl = lib.meanfield_kl(self.weight_mu, self.weight_rho, m, s)
+        kl = meanfield_kl(self.weight_mu, self.weight_rho, m, s, validate_args=False)
         if self.bias_mu is not None:
-            kl = kl + lib.meanfield_kl(self.bias_mu, self.bias_rho, mb, sb)
+            kl = kl + meanfield_kl(self.bias_mu, self.bias_rho, mb, sb, validate_args=False)
         return kl
 
     # ---- estimators --------------------------------------------------------------
@@ -138,9 +142,6 @@ class _MeanField(_ScaledGaussianLayer):
                 bsz = out.shape[0] // num_samples
                 out = out + self._bias_view(db.repeat_interleave(bsz, dim=0), out, per_row=True)
         return out
-
-
-_NO_PRIORS = ((None, None), (None, None))
 
 
 def _rademacher(shape, dtype, device):

@@ -19,7 +19,6 @@ Jacobian between the two noise spaces).
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import Optional
 
@@ -27,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch.distributions import Chi2
 
-from .._ops import lib
 from ..distributions import Radial, radial_noise
+from ..distributions.kl import kl_radial_normal_softplus
 from ._base import _ConvOps, _LinearOps, _ScaledGaussianLayer, _conv_repr, _conv_setup, _linear_setup, kl_to_prior
 from .meanfield import _fusable
 
@@ -75,33 +74,9 @@ class _Radial(_ScaledGaussianLayer):
 
 def _radial_gaussian_kl(mu, rho, prior):
     r"""KL(Radial(mu, softplus(rho)) || prod_i N(m_i, s_i^2)) for a prior the fused mean-field KL
-    takes (None otherwise).  With :math:`D` elements the closed form (``Radial || Independent(Normal)``)
-    is :math:`\sum_i [\tfrac12\log 2\pi s_i^2 + ((\mu_i - m_i)^2 + \sigma_i^2/D)/(2s_i^2)] - H[q]`,
-    :math:`H[q] = C(D) + \sum_i\log\sigma_i`; it equals the mean-field KL to
-    :math:`\mathcal N(m_i, D s_i^2)` plus :math:`(1 - 1/D)\sum_i(\mu_i - m_i)^2/(2s_i^2)` plus
-    :math:`D(\tfrac12\log 2\pi - \tfrac12\log D + \tfrac12) - C(D)`: one fused pass for the
-    :math:`\sigma` terms (no softplus, log and sums as separate torch ops)."""
+    takes (None otherwise): :func:`~vmfdist.distributions.kl.kl_radial_normal_softplus`."""
     fused = _fusable(mu, prior)
-    if fused is None:
-        return None
-    m, s = fused
-    d = mu.numel()
-    kl = lib.meanfield_kl(mu, rho, m, s * math.sqrt(d))
-    if d > 1:
-        if s.numel() == 1:  # one fused pass (mse_loss) for sum (mu - m)^2
-            sq = torch.nn.functional.mse_loss(mu, m.expand_as(mu), reduction="sum") / (2 * s * s).reshape(())
-        else:
-            sq = ((mu - m).square() / (2 * s * s)).sum()
-        kl = kl + (1.0 - 1.0 / d) * sq
-    c_d = float(_radial_entropy_const(d))
-    return kl + (d * (0.5 * math.log(2 * math.pi) - 0.5 * math.log(d) + 0.5) - c_d)
-
-
-@functools.lru_cache(maxsize=64)
-def _radial_entropy_const(d):
-    """C(D) of the Radial entropy H[q] = C(D) + sum_i log sigma_i (the same constant as
-    :meth:`Radial.entropy`)."""
-    return Radial(torch.zeros(d, dtype=torch.float64), torch.ones(d, dtype=torch.float64)).entropy()
+    return None if fused is None else kl_radial_normal_softplus(mu, rho, *fused)
 
 
 class RadialLinear(_LinearOps, _Radial):

@@ -62,8 +62,7 @@ from torch import nn
 from torch.distributions import Distribution, Gamma, Independent, InverseGamma, LogNormal, Normal, constraints
 
 from .. import special
-from .._ops import lib
-from ..distributions import HypersphericalUniform, VonMisesFisher
+from ..distributions import HypersphericalUniform, VonMisesFisher, vmf_sample
 from ..distributions.kl import kl_lognormal_gamma, kl_lognormal_inverse_gamma, kl_vmf_uniform, kl_vmf_vmf
 from ._base import (BayesianModule, _ConvOps, _LinearOps, _Prior, _conv_repr, _conv_setup, _linear_setup,
                     _softplus_inv, kl_normal_to_prior)
@@ -129,7 +128,7 @@ def _factor_kl(log_kappa, local, glob, prior_kappa, tau_local, tau_global, dim: 
     if not with_grad:
         return kl, None
     kappa_term = kq if uniform else kq - prior_kappa
-    g_kappa = g * kq * kappa_term * lib.bessel_iv_ratio_grad(torch.full_like(kq, 0.5 * dim), kq)
+    g_kappa = g * kq * kappa_term * special.bessel_iv_ratio_grad(torch.full_like(kq, 0.5 * dim), kq)
     sign = packed.new_tensor([[1.0], [-1.0]])
     be = torch.exp(torch.addcmul(packed[:2] * sign, s, s, value=0.5)) * torch.stack([rate_a, torch.ones_like(rate_a)])
     g_packed = torch.cat([sign * (be - 0.5), (be * s - s.reciprocal()) * torch.sigmoid(packed[2:])])
@@ -266,7 +265,7 @@ class _RDPFactor(nn.Module):
         g = self.num_groups
         # the direction posterior's rsample, without building the distribution: the op
         # normalises the direction itself (and its backward differentiates that)
-        x, _ = lib.vmf_sample(self.direction, self.log_concentration.exp().expand(g), num_samples)  # (S, G, d)
+        x = vmf_sample(self.direction, self.log_concentration.exp().expand(g), (num_samples,))  # (S, G, d)
         lr, gr = self.local_radius, self.global_radius
         eps = torch.randn(4, num_samples, g, device=x.device, dtype=x.dtype)
         # log r = (log a + log b + log s_a + log s_b) / 2, each loc + scale * eps
