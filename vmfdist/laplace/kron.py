@@ -20,7 +20,7 @@ the prior is added *exactly* in the Kronecker eigenbasis:
 .. math::  P_{\text{block}} = (Q_G\otimes Q_A)\,\mathrm{diag}\big(\mathrm{vec}(h\,\lambda\mu^T + \delta)\big)\,(Q_G\otimes Q_A)^T,
    \qquad h = \frac{1}{\sigma^2T}.
 
-``damping=True`` gives the paper's :math:`\sqrt{\cdot}`-damped form
+``damping=True`` gives Ritter et al. 2018's :math:`\sqrt{\cdot}`-damped form
 :math:`(\sqrt h\,G + \sqrt\delta\,I)\otimes(\sqrt h\,A + \sqrt\delta\,I)` (eigenvalues
 :math:`(\sqrt h\lambda_i + \sqrt\delta)(\sqrt h\mu_j + \sqrt\delta)`), a true Kronecker
 product whose posterior is a :class:`~vmfdist.distributions.matrix_normal.MatrixNormal`.

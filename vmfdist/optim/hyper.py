@@ -9,9 +9,9 @@ from ..curvature import FISHER_TYPES, KFAC_APPROX, check_choice
 
 __all__ = ["PRESETS", "resolve_hyperparameters", "check_step_options"]
 
-#: Hyper-parameter presets by name, ``"uci"`` (Bae et al. section 6.1: batch 10 or 100,
+#: Hyper-parameter presets by name, ``"uci"`` (Bae et al. 2018, §6.1: batch 10 or 100,
 #: T_stats = 1, re-scaling re-initialised and bases recomputed every 50 steps, decay by 0.1 for
-#: the second half) and ``"classification"`` (section 6.2: batch 128, amortised statistics,
+#: the second half) and ``"classification"`` (Bae et al. 2018, §6.2: batch 128, amortised statistics,
 #: inverse and re-scaling updates).  Where the stored copy of the paper lost a number, the value
 #: is ours (see docs/optim.md).
 PRESETS = {

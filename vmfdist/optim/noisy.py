@@ -34,7 +34,7 @@ second moments of the per-example gradients in that basis.  A step:
 
 :math:`\tilde\beta = \max(\beta, 1/k)` at the :math:`k`-th update (a plain mean at the start, then an
 exponential average).  With ``total_steps`` given, :math:`\alpha, \beta, \beta'` are multiplied by
-``lr_decay`` (0.1) for the second half of training, as in the paper.
+``lr_decay`` (0.1) for the second half of training, as in Bae et al. 2018, §6.1.
 
 Parameters outside supported layers (e.g. normalisation layers) are point estimates trained
 by plain Adam (``other_optimizer="adam"``, default) or SGD on the same mean loss, without
