@@ -282,12 +282,14 @@ class KFACCollector:
         return None
 
     def clear(self):
+        """Forget the recorded inputs, outputs and gradients (the hooks stay)."""
         self.inputs.clear()
         self.outputs.clear()
         for v in self.grads.values():
             v.clear()
 
     def remove(self):
+        """Remove the hooks from the layers."""
         for h in self._handles:
             h.remove()
         self._handles = []

@@ -35,8 +35,8 @@ and ``"regression"`` (Gaussian with standard deviation ``sigma_noise``: :math:`-
 the gradient is summed over locations *before* squaring (George et al. 2018).
 
 The entry point for other modules (e.g. ``vmfdist.laplace``) is :func:`compute_kfac`; the recording
-itself is :class:`~vmfdist.curvature.collect.KFACCollector`, the value type
-:class:`~vmfdist.curvature.factor.KroneckerFactor`.
+itself is :class:`~vmfdist.curvature.KFACCollector`, the value type
+:class:`~vmfdist.curvature.KroneckerFactor`.
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ __all__ = ["KFACResult", "compute_kfac"]
 
 @dataclass
 class KFACResult:
-    r"""What :func:`compute_kfac` returns: ``layers`` (name -> :class:`KroneckerFactor` with the
+    r"""What :func:`compute_kfac` returns: ``layers`` (name -> :class:`~vmfdist.curvature.KroneckerFactor` with the
     factors *per data point*, in model order), ``modules`` (name -> the layer), ``num_data``
     (:math:`N`), ``loss`` (the summed negative log-likelihood of the data seen, without
     constants: cross-entropy, or :math:`\|f-y\|^2/(2\sigma^2)`), ``curvature_scale`` (:math:`N`
@@ -99,6 +99,43 @@ def compute_kfac(model: torch.nn.Module, data: Iterable, likelihood: Optional[st
                  loss_func: Optional[torch.nn.Module] = None, modules=None, num_data: Optional[int] = None,
                  ekfac: bool = False, min_eigenvalue: float = 0.0, generator: Optional[torch.Generator] = None,
                  seed: Optional[int] = None) -> KFACResult:
+    """K-FAC (and optionally EK-FAC) factors of every ``nn.Linear`` / ``nn.Conv2d`` of ``model``
+    over ``data``.
+
+    Args:
+        model: an ordinary module whose output is ``(batch, outputs)`` (logits for
+            classification).  Every module with trainable parameters must be a supported
+            layer unless ``modules`` selects layers (then the others are ignored).
+        data: an iterable of ``(inputs, targets)`` batches (e.g. a ``DataLoader``);
+            classification targets are class indices ``(batch,)``, regression targets have the
+            output's shape (or ``(batch,)`` for one output).
+        likelihood: ``"classification"`` or ``"regression"`` (or give ``loss_func``).
+        sigma_noise: the Gaussian likelihood's standard deviation (regression).
+        fisher_type: ``"type-2"`` / ``"ggn"`` / ``"type2"`` (exact GGN, the default, as laplace-torch),
+            ``"mc"`` (true Fisher by sampled labels) or ``"empirical"``.
+        kfac_approx: ``"expand"`` (default) or ``"reduce"`` (Eschenhagen et al. 2023), for
+            layers with several locations per example (convolutions).
+        mc_samples: label draws per example for ``"mc"``.
+        loss_func: instead of ``likelihood``: ``nn.CrossEntropyLoss`` / ``nn.MSELoss``, see
+            :func:`~vmfdist.curvature.resolve_loss` (its reduction sets ``curvature_scale``).
+        modules: layers to use (modules or names); default all supported layers.
+        num_data: the data set size :math:`N` reported (default: the number of examples seen);
+            the factors are averages over the examples seen.
+        ekfac: also compute the eigenbases and, in a second pass over ``data`` with the same
+            labels, the EK-FAC second moments (``KroneckerFactor.moments``).
+        min_eigenvalue: clamp for the factors' eigenvalues (``ekfac=True``).
+        generator / seed: the random stream for ``"mc"`` labels (``seed`` makes a fresh
+            CPU/device generator seeded with it; the EK-FAC pass replays the same labels).
+
+    Returns:
+        :class:`KFACResult`; ``result[name].A`` and ``.G`` are float tensors in the model's
+        dtype with :math:`G\\otimes A` the curvature per data point.
+
+    Raises:
+        ValueError: an unsupported layer (named, with the list of supported ones), a bad
+            option or a loss that would mis-scale the Fisher.
+        FloatingPointError: a factor that is not finite (the layer is named).
+    """
     _check_options(fisher_type, kfac_approx, mc_samples, num_data)
     layers = find_layers(model, modules, allow_other_parameters=modules is not None)
     like, sigma, reduction = resolve_loss(likelihood, sigma_noise, loss_func)
