@@ -20,6 +20,7 @@ from torch.distributions import Independent, MultivariateNormal, Normal, kl_dive
 from vmfdist.distributions import EigenvalueCorrectedMatrixNormal, MatrixNormal
 from vmfdist.distributions import matrix_normal as mn
 from vmfdist._ops import lib
+from vmfdist import linalg
 from vmfdist.linalg import kron_eigen_matvec, kron_eigen_sample
 from vmfdist.testing import cpu_and_cuda
 
@@ -333,8 +334,9 @@ def test_plain_matrix_path_matches_the_batched_one():
 # kron_eigen_ngd / kron_eigen_moments (the noisy K-FAC / EK-FAC update)
 
 
+@pytest.mark.parametrize("ngd", [linalg.kron_eigen_ngd, linalg.kron_eigen_ngd_op], ids=["public", "op"])
 @pytest.mark.parametrize("form", ["matrix", "rows", "both", "none"])
-def test_ngd_is_the_damped_dense_solve(form):
+def test_ngd_is_the_damped_dense_solve(form, ngd):
     """D = P^{-1} U with P = (Q_out (x) Q_in) diag(vec(scale) + damping) (Q_out (x) Q_in)^T (dense solve) and
     U = weight_decay * w + grad + grad_out^T grad_in; the second output is <D, U>."""
     out, inn, n = 5, 3, 7
@@ -349,24 +351,24 @@ def test_ngd_is_the_damped_dense_solve(form):
     if form in ("rows", "both"):
         kw["grad_out"], kw["grad_in"] = go, gi
         u = u + go.T @ gi
-    d, inner = lib.kron_eigen_ngd(qo, qi, s, damping, w, wd, **kw)
+    d, inner = ngd(qo, qi, s, damping, w, wd, **kw)
     k = torch.kron(qo, qi)
     p = k @ torch.diag(vec(s) + damping) @ k.T
     ref = torch.linalg.solve(p, vec(u)).reshape(out, inn)
     torch.testing.assert_close(d, ref, rtol=1e-12, atol=1e-13)
     assert inner.shape == ()
     torch.testing.assert_close(inner, (ref * u).sum(), rtol=1e-12, atol=1e-13)
-    d32, _ = lib.kron_eigen_ngd(qo.float(), qi.float(), s.float(), damping, w.float(), wd,
-                                **{key: t.float() for key, t in kw.items()})
+    d32, _ = ngd(qo.float(), qi.float(), s.float(), damping, w.float(), wd, **{key: t.float() for key, t in kw.items()})
     torch.testing.assert_close(d32.double(), ref, rtol=2e-5, atol=2e-5 * ref.abs().max().item())
 
 
-def test_moments_are_the_per_example_second_moments():
+@pytest.mark.parametrize("moments", [linalg.kron_eigen_moments, linalg.kron_eigen_moments_op], ids=["public", "op"])
+def test_moments_are_the_per_example_second_moments(moments):
     """beta * M + alpha * sum_n (Q_out^T e_n x_n^T Q_in)^2, the per-example products built one by one."""
     out, inn, n = 4, 6, 5
     qo, qi, m = orth(out, 0), orth(inn, 1), pos((out, inn), 2)
     x, e = randn((n, inn), 3), randn((n, out), 4)
-    got = lib.kron_eigen_moments(qo, qi, x, e, m, 0.9, 0.25)
+    got = moments(qo, qi, x, e, m, 0.9, 0.25)
     ref = 0.9 * m + 0.25 * sum((qo.T @ torch.outer(e[k], x[k]) @ qi) ** 2 for k in range(n))
     torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-13)
 
@@ -396,6 +398,46 @@ def test_ngd_and_moments_errors():
         lib.kron_eigen_moments(qo, orth(3, 0), x, e, s, 1.0, 1.0)
     with pytest.raises(RuntimeError, match="kron_eigen_moments: x must be a floating tensor"):
         lib.kron_eigen_moments(qo, qi, x.long(), e, s, 1.0, 1.0)
+
+
+def test_public_entry_points_for_the_optimizers():
+    """linalg's *_op names are the compiled overloads; kron_eigen_ngd / kron_eigen_moments run without a
+    graph on parameters that require grad (an optimizer update), give the op's numbers, take numbers for
+    the float arguments and pass the op's errors on; random.random_kwargs is the sampler's randomness."""
+    from vmfdist import random as vrandom
+
+    v = torch.ops.vmfdist
+    assert linalg.kron_eigen_matvec_op is v.kron_eigen_matvec.default
+    assert linalg.kron_eigen_sample_op is v.kron_eigen_sample.default
+    assert linalg.kron_eigen_ngd_op is v.kron_eigen_ngd.default
+    assert linalg.kron_eigen_moments_op is v.kron_eigen_moments.default
+    qo, qi, s, w = orth(3, 0), orth(2, 1), pos((3, 2), 2), randn((3, 2), 3).requires_grad_()
+    x, e = randn((4, 2), 4), randn((4, 3), 5)
+    d, inner = linalg.kron_eigen_ngd(qo, qi, s, 1, w, 0, grad=randn((3, 2), 6))
+    assert not d.requires_grad and d.grad_fn is None
+    assert torch.equal(d, lib.kron_eigen_ngd(qo, qi, s, 1.0, w.detach(), 0.0, randn((3, 2), 6))[0])
+    m = linalg.kron_eigen_moments(qo, qi, x.requires_grad_(), e, s, 1, 0.5)
+    assert m.grad_fn is None and torch.equal(m, lib.kron_eigen_moments(qo, qi, x.detach(), e, s, 1.0, 0.5))
+    with pytest.raises(RuntimeError, match="kron_eigen_ngd: scale must have w's shape"):
+        linalg.kron_eigen_ngd(qo, qi, pos((2, 3), 0), 0.1, w, 0.0)
+    with pytest.raises(RuntimeError, match="kron_eigen_moments: moments must have shape"):
+        linalg.kron_eigen_moments(qo, qi, x, e, s.T, 1.0, 1.0)
+    with pytest.raises(TypeError, match="kron_eigen_ngd: damping must be a real number, got str"):
+        linalg.kron_eigen_ngd(qo, qi, s, "0.1", w, 0.0)
+    with pytest.raises(TypeError, match="kron_eigen_moments: alpha must be a real number, got NoneType"):
+        linalg.kron_eigen_moments(qo, qi, x, e, s, 1.0, None)
+    # the sampler overload with random_kwargs: kron_eigen_sample's samples for the same seed
+    loc, var = randn((3, 2), 7), pos((3, 2), 8)
+    rng = vrandom.random_kwargs("test", None, seed=5, offset=2)
+    assert rng == {"seed": 5, "offset": 2}
+    raw, so = linalg.kron_eigen_sample_op(loc, qo, qi, var, 1, **rng)
+    assert raw.shape == (1, 3, 2) and so.tolist() == [5, 2]
+    gen = torch.Generator().manual_seed(9)
+    a = linalg.kron_eigen_sample_op(loc, qo, qi, var, 1, **vrandom.random_kwargs("test", gen))[0][0]
+    b = kron_eigen_sample(loc, qo, qi, var, generator=torch.Generator().manual_seed(9))
+    assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="test: pass either generator or seed, not both"):
+        vrandom.random_kwargs("test", gen, seed=1)
 
 
 def test_opcheck_ngd_and_moments():

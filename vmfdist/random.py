@@ -45,6 +45,11 @@ Variates:
   representable and symmetric under ``u -> 1 - u``.
 * :func:`philox_normal` -- standard normal by Box-Muller in float64 from two
   float64 uniforms, rounded once to the output dtype (``|z| <= 8.57``).
+
+For code that calls a compiled random op itself (e.g. the overloads in :mod:`vmfdist.linalg`),
+:func:`random_kwargs` turns ``generator`` / ``seed`` / ``offset`` into the op's keyword
+arguments, validated with messages that name the caller: ``{}`` (the op draws from the device's
+default generator), ``{"generator": g}``, or ``{"seed": s, "offset": o}``.
 """
 from __future__ import annotations
 
@@ -56,7 +61,7 @@ import torch
 from ._ops import lib
 from ._ops.random import MAX_OFFSET, MAX_SEED, random_kwargs
 
-__all__ = ["philox_uniform", "philox_normal", "MAX_SEED", "MAX_OFFSET"]
+__all__ = ["philox_uniform", "philox_normal", "random_kwargs", "MAX_SEED", "MAX_OFFSET"]
 
 
 def _normalise_size(name: str, size) -> list:

@@ -102,8 +102,9 @@ def _kl_weibull_weibull(q, p):
 def kl_vmf_vmf(kq, kp, d, half_sq=None):
     r"""KL(vMF(mu_q, k_q) || vMF(mu_p, k_p)) on :math:`S^{d-1}` from the concentrations and
     ``half_sq`` :math:`= |\mu_p - \mu_q|^2/2` (None: equal mean directions):
-    [log C(k_q) + k_q] - [log C(k_p) + k_p] - k_q (1 - A_q) + k_p ((1 - A_q) + A_q |mu_p - mu_q|^2 / 2),
-    the general formula (Oh et al. 2019, suppl. §6.1) written with 1 - A_q mu_p^T mu_q = (1 - A_q) + A_q |mu_p - mu_q|^2/2.
+    ``[log C(k_q) + k_q] - [log C(k_p) + k_p] - k_q (1 - A_q) + k_p ((1 - A_q) + A_q |mu_p - mu_q|^2 / 2)``,
+    the general formula (Oh et al. 2019, suppl. §6.1) written with
+    ``1 - A_q mu_p^T mu_q = (1 - A_q) + A_q |mu_p - mu_q|^2/2``.
     Its derivative in k_q is (k_q - k_p) A'(k_q) for equal directions."""
     half = torch.full_like(kq, 0.5 * d)
     c = special.bessel_iv_ratio_c(half, kq)
