@@ -11,6 +11,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from .. import _torch_internals as internals
+
 __all__ = ["as_real_tensor", "same_device", "check_value", "validate_params", "check_shape"]
 
 
@@ -83,7 +85,7 @@ def validate_params(dist, values: dict, constraints: dict) -> None:
     constructor name differs from the attribute that holds them."""
     for name, constraint in constraints.items():
         value = values[name]
-        if not torch._is_all_true(constraint.check(value)):
+        if not internals.is_all_true(constraint.check(value)):
             raise ValueError(f"Expected parameter {name} ({type(value).__name__} of shape {tuple(value.shape)}) "
                              f"of distribution {dist!r} to satisfy the constraint {constraint!r}, but found "
                              f"invalid values:\n{value}")

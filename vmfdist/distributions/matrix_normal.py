@@ -36,6 +36,7 @@ import torch
 from torch.distributions import Distribution, constraints
 from torch.distributions.utils import lazy_property
 
+from .. import _torch_internals as internals
 from ..linalg import kron_eigen_sample
 from ._constants import LOG_2PI
 from ._validation import as_real_tensor, check_value, validate_params
@@ -107,7 +108,7 @@ def _cholesky(name: str, cov: torch.Tensor) -> torch.Tensor:
     tril, info = torch.linalg.cholesky_ex(cov)
     msg = f"{name} is not positive definite (its Cholesky factorisation failed)"
     if torch.compiler.is_compiling():  # a data-dependent branch cannot be traced: check inside the graph
-        torch._assert_async((info == 0).all(), msg)
+        internals.assert_async((info == 0).all(), msg)
     elif bool((info != 0).any()):
         raise ValueError(msg)
     return tril

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributions import Independent, Normal
 
+from .. import _torch_internals as internals
 from ..distributions import meanfield_kl, meanfield_sample, meanfield_sample_kl
 from ._base import _ConvOps, _LinearOps, _ScaledGaussianLayer, _conv_repr, _conv_setup, _linear_setup
 
@@ -163,7 +164,9 @@ class _KLCache:
     there): in every other case the caller recomputes the KL, so the result is always what a
     fresh evaluation would give.  (A change made through ``.data`` bypasses version counting;
     do not edit parameters that way between a forward pass and ``kl_divergence()``.)  Not copied
-    by ``copy.deepcopy`` or pickling."""
+    by ``copy.deepcopy`` or pickling.  The version counters and the graph checks are torch
+    internals (:mod:`vmfdist._torch_internals`); with ``VMFDIST_NO_TORCH_INTERNALS=1`` nothing is
+    cached and the KL is always recomputed."""
 
     __slots__ = ("kl", "key")
 
@@ -171,7 +174,8 @@ class _KLCache:
         self.kl, self.key = None, None
 
     def store(self, kl, inputs):
-        self.kl, self.key = kl, [(t, t._version) for t in inputs]
+        if internals.versions_available():
+            self.kl, self.key = kl, [(t, internals.version(t)) for t in inputs]
 
     def take(self, inputs):
         kl, key = self.kl, self.key
@@ -180,14 +184,10 @@ class _KLCache:
         self.kl, self.key = None, None
         if not torch.is_grad_enabled() or torch.compiler.is_compiling() or len(inputs) != len(key):
             return None
-        if any(t is not k or t._version != v for t, (k, v) in zip(inputs, key)):
+        if any(t is not k or internals.version(t) != v for t, (k, v) in zip(inputs, key)):
             return None
-        node = kl.grad_fn
-        if node is not None and node.next_functions and type(node).__name__ == "AddBackward0":
-            node = node.next_functions[0][0]  # kl_w + kl_b: the weight's op node
-        try:
-            node.saved_tensors  # raises once a backward pass has freed the graph
-        except (RuntimeError, AttributeError):
+        # kl_w + kl_b: the weight's op node, whose saved tensors a backward pass frees
+        if not internals.graph_alive(internals.first_addend(kl.grad_fn)):
             return None
         return kl
 
