@@ -16,7 +16,6 @@ import scipy.stats
 import torch
 from torch.distributions import kl_divergence
 
-from vmfdist import special
 from vmfdist.distributions import HypersphericalUniform, VonMisesFisher, fit_vmf, log_sphere_area
 from vmfdist._ops import lib
 from vmfdist.linalg import householder
