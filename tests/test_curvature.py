@@ -374,3 +374,31 @@ def test_collector_and_targets_checks():
         assert a.shape == (4, 1, 6) and len(gs) == 3 and gs[0].shape == (4, 1, 7)
         assert not col.inputs and all(not v for v in col.grads.values())  # cleared after the batch
     assert not any(m._forward_pre_hooks or m._forward_hooks for m in layers.values())  # hooks removed on exit
+
+
+def test_eigen_basis_falls_back_to_float64_when_float32_eigh_fails(monkeypatch):
+    """A float32 factor whose LAPACK factorisation does not converge (e.g. many dead units' zero rows)
+    gets its basis from float64; the result is still an eigendecomposition of the factor."""
+    g = torch.Generator().manual_seed(7)
+    r = torch.randn(30, 12, generator=g)
+    r[:, 5:] = 0.0  # seven dead units: zero rows and columns
+    m = r.T @ r
+    real = torch.linalg.eigh
+    calls = []
+
+    def flaky(x, *a, **k):
+        calls.append(x.dtype)
+        if x.dtype == torch.float32:
+            raise torch.linalg.LinAlgError("linalg.eigh: The algorithm failed to converge")
+        return real(x, *a, **k)
+
+    monkeypatch.setattr(torch.linalg, "eigh", flaky)
+    d, q = eigen_basis(m)
+    assert calls == [torch.float32, torch.float64]
+    assert d.dtype == q.dtype == torch.float32
+    torch.testing.assert_close(q @ torch.diag(d) @ q.T, m, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(q.T @ q, torch.eye(12), rtol=0, atol=1e-5)
+    with pytest.raises(torch.linalg.LinAlgError):  # float64 failures are not hidden
+        monkeypatch.setattr(torch.linalg, "eigh", lambda x, *a, **k: (_ for _ in ()).throw(
+            torch.linalg.LinAlgError("no convergence")))
+        eigen_basis(m.double())

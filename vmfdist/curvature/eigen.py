@@ -32,11 +32,27 @@ def eigen_basis(factor: torch.Tensor, min_eigenvalue: float = 0.0) -> Tuple[torc
     so that nearly equal factors (e.g. on different ranks, or summed in another order)
     give nearly equal bases, not bases differing by column signs.
     """
-    d, q = torch.linalg.eigh(symmetrise(factor))
+    d, q = _eigh(symmetrise(factor))
     idx = q.abs().argmax(dim=-2, keepdim=True)
     sign = torch.gather(q, -2, idx).sign()
     sign = torch.where(sign == 0, torch.ones_like(sign), sign)
     return d.clamp_min(min_eigenvalue), (q * sign).contiguous()  # eigh returns column-major
+
+
+def _eigh(m: torch.Tensor):
+    """``torch.linalg.eigh``, retried in float64 when a float32 factorisation fails to converge.
+
+    LAPACK's float32 divide-and-conquer solver can fail on a factor with many equal eigenvalues --
+    e.g. the gradient factor of a layer with many dead ReLU units, whose rows are exactly zero (seen
+    with torch 2.14 on a 500-unit layer with 207 dead units; float64 and a rescaled copy succeed).
+    The float64 result is rounded back to the factor's dtype; a float64 failure propagates."""
+    try:
+        return torch.linalg.eigh(m)
+    except torch.linalg.LinAlgError:
+        if m.dtype == torch.float64:
+            raise
+        d, q = torch.linalg.eigh(m.double())
+        return d.to(m.dtype), q.to(m.dtype)
 
 
 def trace_norm_pi(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
