@@ -40,9 +40,8 @@ def fresh_verdicts(monkeypatch):
 # ---------------------------------------------------------------------------
 # nothing at import time
 
-# vmfdist/optim/_step.py (the noisy optimizers' step helpers) still probes the engine itself when
-# imported, until it uses _torch_internals.grad (issue 21: its owner switches it); remove it then.
-_PROBES_AT_IMPORT_PENDING = {os.path.join("vmfdist", "optim", "_step.py")}
+# modules allowed to probe torch at import time (none)
+_PROBES_AT_IMPORT_PENDING: set = set()
 
 
 def test_importing_vmfdist_runs_no_autograd_and_no_probe():

@@ -1,16 +1,23 @@
 """The machinery under the noisy optimizers' step: the per-step random streams, the compiled
 Kronecker-eigenbasis ops called without an autograd graph, the running Gram update, and the
-step's plan and working data (see ``_NoisyKroneckerOptimizer.step``)."""
+step's plan and working data (see ``_NoisyKroneckerOptimizer.step``).  The compiled ops are
+:mod:`vmfdist.linalg`'s graph-free overloads, the autograd shortcuts ``vmfdist._torch_internals``'."""
 from __future__ import annotations
 
-import contextlib
 from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
-from .._ops import lib
-from .._ops.random import random_kwargs
+from .._torch_internals import below_autograd, grad
+from ..linalg import kron_eigen_matvec_op as MATVEC
+from ..linalg import kron_eigen_moments_op as MOMENTS
+from ..linalg import kron_eigen_ngd_op as NGD
+from ..linalg import kron_eigen_sample_op as SAMPLE
+from ..random import random_kwargs
+
+__all__ = ["MIX_START", "MASK63", "mix64_state", "mix64", "below_autograd", "grad", "SAMPLE", "NGD", "MOMENTS",
+           "sample_now", "matvec_now", "running_gram", "dist_info", "StepPlan", "StepWork", "parameter_gradients"]
 
 MIX_START = 0x9E3779B97F4A7C15
 MASK63 = 0x7FFFFFFFFFFFFFFF
@@ -33,61 +40,18 @@ def mix64(*xs: int) -> int:
     return mix64_state(MIX_START, *xs) & MASK63
 
 
-def below_autograd():
-    """The optimizer's own sampling and preconditioning need no autograd graph: skip the Python
-    autograd layer of the custom ops (it costs about as much as the op on small layers)."""
-    guard = getattr(torch._C, "_AutoDispatchBelowAutograd", None)
-    return guard() if guard is not None else contextlib.nullcontext()
-
-
 def sample_now(loc, q_out, q_in, variance, generator):
     """``kron_eigen_sample(loc, q_out, q_in, variance, generator=generator)`` (one sample, same
     bits, no graph)."""
     rng = random_kwargs("NoisyKFAC.sampled_weights", generator)
     with torch.no_grad(), below_autograd():
-        return lib.kron_eigen_sample(loc, q_out, q_in, variance, 1, **rng)[0][0]
+        return SAMPLE(loc, q_out, q_in, variance, 1, **rng)[0][0]
 
 
 def matvec_now(q_out, q_in, scale, v, power):
     """``kron_eigen_matvec(q_out, q_in, scale, v, power)`` without a graph."""
     with torch.no_grad(), below_autograd():
-        return lib.kron_eigen_matvec(q_out, q_in, scale, v, float(power))
-
-
-# the compiled ops, called below the autograd layer (the optimizer needs no graph)
-SAMPLE = lib.kron_eigen_sample.default
-NGD = lib.kron_eigen_ngd.default
-MOMENTS = lib.kron_eigen_moments.default
-
-
-def _probe_engine():
-    """torch's C++ autograd engine, when calling it directly (a private API: the signature of
-    ``run_backward`` is torch's own business) gives what ``torch.autograd.grad`` gives on a
-    small probe; ``None`` otherwise, and :func:`grad` then always takes the public wrapper."""
-    engine = getattr(getattr(torch.autograd, "Variable", None), "_execution_engine", None)
-    if engine is None:
-        return None
-    try:
-        x = torch.tensor([1.0, 2.0], requires_grad=True)
-        y = x * x
-        (g,) = engine.run_backward((y,), (torch.ones(2),), False, False, (x,), True, False)
-        return engine if torch.equal(g, torch.tensor([2.0, 4.0])) else None
-    except Exception:  # a changed private signature: use the public path
-        return None
-
-
-_ENGINE = _probe_engine()
-
-
-def grad(out, inputs, grad_out, retain):
-    """``torch.autograd.grad(out, inputs, grad_out, retain_graph=retain, allow_unused=True)`` for a
-    ``grad_out`` of ``out``'s shape and dtype.  On the CPU the autograd engine is called directly: the
-    Python wrapper's argument checks and set-up cost about a tenth of a whole UCI-MLP step (measured
-    30-40 us of 300); elsewhere (CUDA backward passes run in device threads, which need the context
-    the wrapper stashes for them) through the wrapper."""
-    if _ENGINE is not None and out.device.type == "cpu":
-        return _ENGINE.run_backward((out,), (grad_out,), retain, False, inputs, True, False)
-    return torch.autograd.grad(out, inputs, grad_outputs=grad_out, retain_graph=retain, allow_unused=True)
+        return MATVEC(q_out, q_in, scale, v, float(power))
 
 
 def running_gram(old, rows, beta, alpha, world, avg):
