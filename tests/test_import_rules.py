@@ -52,10 +52,9 @@ ALLOWED_UPWARD: set = set()
 # the parts that may import the private _ops (besides _ops itself and the package root, which
 # imports it to load the extension); testing.py has no need to
 OPS_IMPORTERS = {"_ops", "special", "random", "linalg", "distributions"}
-# modules that still import _ops although their floor may not (issue 21): the optimizers' step
-# helpers call the Kronecker ops' overloads and random_kwargs through _ops until they use
-# vmfdist.linalg's *_op names and vmfdist.random.random_kwargs; their owner removes the entry then
-_OPS_PENDING = {"vmfdist.optim._step"}
+# modules that still import _ops although their floor may not, each with the reason (none today; an
+# entry that no longer imports _ops fails test_ops_pending_is_current)
+_OPS_PENDING: set = set()
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -275,3 +274,60 @@ def test_the_checker_catches_a_cycle_and_a_hidden_import(tmp_path, monkeypatch):
         test_no_import_cycles()
     with pytest.raises(AssertionError, match="inside a function"):
         test_no_function_level_imports_of_vmfdist()
+
+
+# ---- torch internals in one quarantined module ---------------------------------------------------------------
+# torch.<_name> attributes that are documented public API (torch._check and friends are torch's
+# documented checks for custom ops and compiled code)
+_PUBLIC_UNDERSCORE = {"_check", "_check_index", "_check_value", "_check_type", "_check_not_implemented"}
+# private attributes of torch objects whose use marks a torch internal wherever it appears
+_PRIVATE_ATTRS = {"_execution_engine", "_version", "_AutoDispatchBelowAutograd", "_is_all_true", "_assert_async"}
+_INTERNALS = "vmfdist._torch_internals"
+
+
+def _torch_internal_uses(module: str, path: pathlib.Path):
+    """(line, what) for every torch internal ``module`` touches: an attribute ``torch._x`` (or
+    ``torch.<sub>._x``, ``nn.<sub>._x``, ``F._x``) other than the documented ones, any of ``_PRIVATE_ATTRS``, or a comparison
+    with a grad_fn class name (``"...Backward0"``)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            base = node.value
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            in_torch = isinstance(base, ast.Name) and base.id in ("torch", "nn", "F")  # torch, torch.nn, functional
+            if node.attr in _PRIVATE_ATTRS or (in_torch and node.attr.startswith("_")
+                                               and not node.attr.startswith("__")
+                                               and node.attr not in _PUBLIC_UNDERSCORE):
+                out.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and re.fullmatch(r"\w+Backward\d+", node.value):
+            out.append((node.lineno, repr(node.value)))
+    return out
+
+
+def test_torch_internals_live_in_one_module():
+    bad = [f"{mod}:{line} uses {what}" for mod, path in _modules().items() if mod != _INTERNALS
+           for line, what in _torch_internal_uses(mod, path)]
+    assert not bad, "torch internals outside vmfdist/_torch_internals.py:\n" + "\n".join(bad)
+    assert _torch_internal_uses(_INTERNALS, ROOT / "_torch_internals.py"), "the quarantine module uses no internal?"
+
+
+def test_the_internals_checker_catches_a_planted_use(tmp_path, monkeypatch):
+    pkg = tmp_path / "vmfdist"
+    (pkg / "nn").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "_torch_internals.py").write_text("import torch\nG = torch._C._AutoDispatchBelowAutograd\n")
+    (pkg / "nn" / "__init__.py").write_text(
+        "import torch\n\ndef f(t, node):\n    torch._check(t.dim() == 1)\n    a = t._version\n"
+        "    b = type(node).__name__ == 'AddBackward0'\n    c = isinstance(t, nn.modules.conv._ConvTransposeNd)\n"
+        "    return torch.autograd.Variable._execution_engine, a, b, c\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", pkg)
+    with pytest.raises(AssertionError) as err:
+        test_torch_internals_live_in_one_module()
+    msg = str(err.value)
+    for what in ("t._version", "'AddBackward0'", "torch.autograd.Variable._execution_engine",
+                 "nn.modules.conv._ConvTransposeNd"):
+        assert f"uses {what}" in msg, (what, msg)
+    assert "torch._check" not in msg  # documented API

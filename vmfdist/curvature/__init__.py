@@ -20,7 +20,7 @@ from .eigen import (damped_kfac_eigenvalues, damped_kfac_factors, eigen_basis, k
                     running_average_weight, symmetrise, trace_norm_pi)
 from .factor import KroneckerFactor
 from .kfac import KFACResult, compute_kfac
-from .layers import (SUPPORTED_LAYERS, check_layer, find_layers, grad_matrix, input_patches, layer_shape,
+from .layers import (SUPPORTED_LAYERS, TRANSPOSED_CONVS, check_layer, find_layers, grad_matrix, input_patches, layer_shape,
                      output_grads, set_weight_matrix, weight_matrix)
 
 __all__ = [
@@ -28,7 +28,7 @@ __all__ = [
     "gradient_factor", "factor_rows", "per_example_second_moments", "batch_nll", "resolve_loss", "check_targets", "check_output",
     "check_choice", "canonical_fisher_type", "FISHER_TYPES", "KFAC_APPROX", "LIKELIHOODS",
     "eigen_basis", "symmetrise", "trace_norm_pi", "kfac_eigenvalues", "damped_kfac_eigenvalues",
-    "damped_kfac_factors", "running_average_weight", "require_finite", "SUPPORTED_LAYERS", "find_layers",
+    "damped_kfac_factors", "running_average_weight", "require_finite", "SUPPORTED_LAYERS", "TRANSPOSED_CONVS", "find_layers",
     "check_layer", "input_patches", "output_grads", "layer_shape", "weight_matrix", "set_weight_matrix",
     "grad_matrix",
 ]

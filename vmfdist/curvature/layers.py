@@ -22,17 +22,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["SUPPORTED_LAYERS", "find_layers", "check_layer", "input_patches", "output_grads",
+__all__ = ["SUPPORTED_LAYERS", "TRANSPOSED_CONVS", "find_layers", "check_layer", "input_patches", "output_grads",
            "weight_matrix", "set_weight_matrix", "layer_shape"]
 
 #: The layer types that have Kronecker factors.
 SUPPORTED_LAYERS: Tuple[type, ...] = (nn.Linear, nn.Conv2d)
+#: Transposed convolutions (refused by name; the lazy variants subclass these)
+TRANSPOSED_CONVS: Tuple[type, ...] = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 _SUPPORTED_NAMES = "nn.Linear, nn.Conv2d (groups=1, padding_mode='zeros')"
 
 
 def check_layer(name: str, module: torch.nn.Module) -> None:
     """Raise a ``ValueError`` naming ``name`` when ``module`` cannot carry Kronecker factors."""
-    if isinstance(module, nn.modules.conv._ConvTransposeNd):
+    if isinstance(module, TRANSPOSED_CONVS):
         raise ValueError(f"layer {name!r} is a transposed convolution ({type(module).__name__}), which is not "
                          f"supported; supported layers: {_SUPPORTED_NAMES}")
     if isinstance(module, nn.Conv2d):
@@ -73,7 +75,7 @@ def find_layers(model: torch.nn.Module, modules: Optional[Iterable] = None, allo
     if modules is None:
         chosen = {}
         for n, m in named.items():
-            if isinstance(m, nn.modules.conv._ConvTransposeNd) or (isinstance(m, nn.Conv2d) and m.groups != 1):
+            if isinstance(m, TRANSPOSED_CONVS) or (isinstance(m, nn.Conv2d) and m.groups != 1):
                 check_layer(n or "<model>", m)  # raises with the name
             if isinstance(m, SUPPORTED_LAYERS):
                 check_layer(n or "<model>", m)

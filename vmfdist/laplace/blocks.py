@@ -16,7 +16,7 @@ from typing import Dict, List, Optional
 import torch
 from torch import nn
 
-from ..curvature import (KFACCollector, KroneckerFactor, check_layer, output_grads, per_example_second_moments,
+from ..curvature import (TRANSPOSED_CONVS, KFACCollector, KroneckerFactor, check_layer, output_grads, per_example_second_moments,
                          require_finite)
 
 SUPPORTED = (nn.Linear, nn.Conv2d)
@@ -54,7 +54,7 @@ def check_module(name: str, module: nn.Module, owner: str) -> None:
     """Supported layers pass (curvature's ``check_layer`` refuses
     grouped, transposed and non-zero-padded convolutions by name); any other module with
     trainable parameters is an error naming it."""
-    if isinstance(module, SUPPORTED) or isinstance(module, nn.modules.conv._ConvTransposeNd):
+    if isinstance(module, SUPPORTED) or isinstance(module, TRANSPOSED_CONVS):
         try:
             check_layer(name, module)
         except ValueError as e:
