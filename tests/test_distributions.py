@@ -15,7 +15,7 @@ import torch
 from torch.distributions import (Independent, Normal, TransformedDistribution, biject_to, constraints,
                                  transform_to)
 
-from vmfdist.distributions import (EigenvalueCorrectedMatrixNormal, HypersphericalUniform, MatrixNormal,
+from vmfdist.distributions import (EigenvalueCorrectedMatrixNormal, MatrixNormal,
                                    NormalizeTransform, Radial, StereographicTransform, VonMisesFisher, sphere)
 
 F64 = torch.float64

@@ -8,7 +8,7 @@ import scipy.special
 import scipy.stats
 import torch
 from torch import nn
-from torch.distributions import Gamma, InverseGamma, Laplace, Normal
+from torch.distributions import Laplace, Normal
 
 import vmfdist.nn as vnn
 from vmfdist.distributions import Radial
@@ -763,7 +763,7 @@ def test_meanfield_kl_cache_is_never_stale():
     assert all(torch.isfinite(p.grad).all() for p in layer.parameters())
     # 3. asked for twice: two KLs, both differentiable, the gradient counted twice
     layer.zero_grad()
-    out = layer(x)
+    layer(x)
     k1, k2 = layer.kl_divergence(), layer.kl_divergence()
     (k1 + k2).backward()
     g2 = layer.weight_rho.grad.clone()

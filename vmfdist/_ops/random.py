@@ -21,7 +21,6 @@ from typing import Optional
 
 import torch
 
-from ._lib import lib
 
 __all__ = ["MAX_SEED", "MAX_OFFSET", "random_kwargs", "check_sample_shape", "call_sampler"]
 

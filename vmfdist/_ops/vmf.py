@@ -12,7 +12,7 @@ from ._lib import _binary_result, _check_same_device, _once_differentiable, lib
 def _(loc, concentration, num_samples, *, generator=None, seed=None, offset=None):
     _check_same_device("vmf_sample", loc=loc, concentration=concentration)
     torch._check(loc.dim() == 2, lambda: f"vmf_sample: loc must have shape (batch, d), got {tuple(loc.shape)}")
-    torch._check(loc.shape[1] >= 2, lambda: f"vmf_sample: the dimension d = loc.size(-1) must be at least 2")
+    torch._check(loc.shape[1] >= 2, lambda: "vmf_sample: the dimension d = loc.size(-1) must be at least 2")
     torch._check(concentration.dim() == 1 and concentration.shape[0] == loc.shape[0],
                  lambda: "vmf_sample: concentration must have shape (batch,)")
     torch._check(loc.dtype.is_floating_point and concentration.dtype == loc.dtype,

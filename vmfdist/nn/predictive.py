@@ -14,7 +14,6 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torch.distributions import Categorical as _TorchCategorical
 from torch.distributions import MixtureSameFamily, Normal, StudentT
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Dict, Optional, Sequence, Union
+from typing import Dict, Sequence, Union
 
 import torch
 from torch import nn
