@@ -10,7 +10,10 @@ Every module of the ``vmfdist`` package is parsed (not imported) and each of its
   private ``_ops`` (the floors above use the public functions);
 * an import of a ``vmfdist`` module sits inside a function or class body (such imports
   are how a cycle gets hidden);
-* the module graph has a cycle.
+* the module graph has a cycle;
+* a torch internal (a private attribute of torch, ``Tensor._version``, the engine, a grad_fn
+  class name) is used outside ``vmfdist/_torch_internals.py``;
+* a module is longer than 700 lines or a function longer than 120.
 
 The floors, bottom to top (:data:`FLOORS`).  Modules of one floor may import each other
 except where a rule below forbids it; the package roots (``vmfdist/__init__.py`` and each
@@ -331,3 +334,39 @@ def test_the_internals_checker_catches_a_planted_use(tmp_path, monkeypatch):
                  "nn.modules.conv._ConvTransposeNd"):
         assert f"uses {what}" in msg, (what, msg)
     assert "torch._check" not in msg  # documented API
+
+
+# ---- room sizes (issue 21: no god classes) ----------------------------------------------------------------------
+MAX_MODULE_LINES = 700
+MAX_FUNCTION_LINES = 120
+
+
+def _oversized():
+    bad = []
+    for mod, path in _modules().items():
+        text = path.read_text()
+        n = len(text.splitlines())
+        if n > MAX_MODULE_LINES:
+            bad.append(f"{mod}: {n} lines (at most {MAX_MODULE_LINES})")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    bad.append(f"{mod}:{node.lineno} {node.name}: {length} lines (at most {MAX_FUNCTION_LINES})")
+    return bad
+
+
+def test_no_module_or_function_is_too_large():
+    bad = _oversized()
+    assert not bad, "split these:\n" + "\n".join(bad)
+
+
+def test_the_size_check_catches_a_large_module_and_function(tmp_path, monkeypatch):
+    pkg = tmp_path / "vmfdist"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    (pkg / "big.py").write_text("def f():\n" + body + "\n" * (MAX_MODULE_LINES - MAX_FUNCTION_LINES))
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", pkg)
+    bad = _oversized()
+    assert any(b.startswith("vmfdist.big: ") for b in bad) and any("vmfdist.big:1 f: 121 lines" in b for b in bad), bad
