@@ -85,11 +85,16 @@ class KroneckerPrecision:
     def square_norm(self, d: torch.Tensor, h: torch.Tensor, pp: torch.Tensor) -> torch.Tensor:
         """:math:`d^T P d` for ``d`` ``(..., n_params)``."""
         total = 0.0
+        for r, eig in self._in_eigenbasis(d, h, pp):
+            total = total + (r.square() * eig).sum((-2, -1))
+        return total
+
+    def _in_eigenbasis(self, vec: torch.Tensor, h: torch.Tensor, pp: torch.Tensor):
+        """Per block: ``vec[..., n_params]``'s block matrices in the Kronecker eigenbasis,
+        :math:`Q_G^T V Q_A`, and the block's precision eigenvalues."""
         for i, b in enumerate(self.blocks):
             f = b.factor
-            r = f.q_g.T @ self.layout.block_matrix(b, d) @ f.q_a
-            total = total + (r.square() * self.eigenvalues(i, h, self.delta(pp, i))).sum((-2, -1))
-        return total
+            yield f.q_g.T @ self.layout.block_matrix(b, vec) @ f.q_a, self.eigenvalues(i, h, self.delta(pp, i))
 
     def prior_objective(self, h: torch.Tensor, d: torch.Tensor):
         """``pp -> (log det P - log det P0 + d^T P0 d) / 2`` for the fixed likelihood factor ``h`` and
@@ -153,10 +158,8 @@ class KroneckerPrecision:
     def functional_variance(self, Js: torch.Tensor, h: torch.Tensor, pp: torch.Tensor) -> torch.Tensor:
         """:math:`J P^{-1} J^T` for Jacobians ``(batch, outputs, n_params)``."""
         f_var = 0.0
-        for i, b in enumerate(self.blocks):
-            f = b.factor
-            r = f.q_g.T @ self.layout.block_matrix(b, Js) @ f.q_a
-            f_var = f_var + torch.einsum("bkoj,bloj->bkl", r, r / self.eigenvalues(i, h, self.delta(pp, i)))
+        for r, eig in self._in_eigenbasis(Js, h, pp):
+            f_var = f_var + torch.einsum("bkoj,bloj->bkl", r, r / eig)
         return f_var
 
     def glm_variance(self, f: torch.Tensor, terms, h: torch.Tensor, pp: torch.Tensor) -> torch.Tensor:
