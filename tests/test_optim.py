@@ -384,3 +384,128 @@ def test_configurations_run_and_stay_finite(cls, case):
         q = opt.posterior(name)
         out = mod.weight.shape[0]
         assert q.event_shape == (out, mod.weight[0].numel() + (mod.bias is not None))
+
+
+# ---- a step completes or changes nothing; what torch.optim users expect (issue 22, items 1-4) ----------------
+def _snapshot(model, opt):
+    params = [p.detach().clone() for p in model.parameters()]
+    state = {id(k): {n: (v.clone() if isinstance(v, torch.Tensor) else v) for n, v in st.items()}
+             for k, st in opt.state.items()}
+    return params, state, (opt._step, opt._stats_count, opt._scale_count)
+
+
+def _same(model, opt, snap):
+    params, state, counts = snap
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), params))
+    assert (opt._step, opt._stats_count, opt._scale_count) == counts
+    for k, st in opt.state.items():
+        assert set(st) == set(state[id(k)])
+        for n, v in st.items():
+            assert torch.equal(v, state[id(k)][n]) if isinstance(v, torch.Tensor) else v == state[id(k)][n]
+
+
+def _classifier(seed=0, extra=False):
+    torch.manual_seed(seed)
+    layers = [nn.Linear(4, 6), nn.Tanh()] + ([nn.LayerNorm(6)] if extra else []) + [nn.Linear(6, 3)]
+    return nn.Sequential(*layers).to(DT)
+
+
+@pytest.mark.parametrize("cls", [NoisyKFAC, NoisyEKFAC])
+@pytest.mark.parametrize("extra", [False, True])  # stacked fast path / plain path with Adam on LayerNorm
+def test_a_failed_step_leaves_model_and_state_as_they_were(cls, extra):
+    """Bad batches raise and change nothing: the means stay in the layers (the step used to leave its
+    posterior sample there, which the next step took as the mean), the curvature and the counters stay,
+    and the next good step is the one a never-failed optimizer takes."""
+    g = torch.Generator().manual_seed(1)
+    X, y = torch.randn(8, 4, generator=g, dtype=DT), torch.randint(0, 3, (8,), generator=g)
+    model, twin = _classifier(extra=extra), _classifier(extra=extra)
+    kw = dict(seed=3, T_stats=1, T_inv=2, T_scale=1)
+    opt, ref = cls(model, 50, "classification", **kw), cls(twin, 50, "classification", **kw)
+    opt.step(X, y), ref.step(X, y)
+    snap = _snapshot(model, opt)
+    X_nan = X.clone()
+    X_nan[3, 1] = float("nan")
+    bad = [((X, y[:5]), ValueError, "targets must hold one row per example"),
+           ((X, torch.tensor([0, 1, 2, 3, 0, 1, 2, 0])), ValueError, r"targets: class labels must lie in \[0, 3\)"),
+           ((X, y.to(DT)), ValueError, "integer class indices"),
+           ((X[:0], y[:0]), ValueError, "inputs: the batch is empty"),
+           ((X_nan, y), FloatingPointError, "non-finite")]
+    for (xb, yb), err, msg in bad:
+        with pytest.raises(err, match=msg):
+            opt.step(xb, yb)
+        _same(model, opt, snap)
+    opt.step(X, y), ref.step(X, y)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))
+
+
+@pytest.mark.parametrize("cls", [NoisyKFAC, NoisyEKFAC])
+def test_frozen_layers_are_left_alone(cls):
+    g = torch.Generator().manual_seed(2)
+    X, y = torch.randn(8, 4, generator=g, dtype=DT), torch.randint(0, 3, (8,), generator=g)
+    model = _classifier()
+    model[2].requires_grad_(False)
+    frozen = [p.detach().clone() for p in model[2].parameters()]
+    opt = cls(model, 100, "classification", T_stats=1, T_inv=2, seed=0)
+    assert list(opt.layers) == ["0"]
+    for _ in range(4):
+        opt.step(X, y)
+    assert all(torch.equal(p, q) for p, q in zip(model[2].parameters(), frozen))
+    assert not torch.equal(model[0].weight, _classifier()[0].weight)  # the trainable layer did move
+    half = _classifier()
+    half[2].bias.requires_grad_(False)
+    with pytest.raises(ValueError, match=r"layer '2' has a frozen bias and a trainable weight"):
+        cls(half, 100, "classification")
+    with pytest.raises(ValueError, match=r"modules: layer '2' is frozen"):
+        cls(model, 100, "classification", modules=[model[2], model[0]])
+    model[0].requires_grad_(False)
+    with pytest.raises(ValueError, match="no trainable supported layers"):
+        cls(model, 100, "classification")
+
+
+@pytest.mark.parametrize("cls", [NoisyKFAC, NoisyEKFAC])
+def test_the_parameter_group_lr_is_the_source_of_truth(cls):
+    """An LR scheduler (or the user) sets param_groups[0]['lr'] and the step uses it, as torch.optim's
+    optimizers do; lr 0 leaves the means where they are, and a group lr of 2a is a constructor lr of 2a."""
+    g = torch.Generator().manual_seed(3)
+    X, y = torch.randn(8, 4, generator=g, dtype=DT), torch.randint(0, 3, (8,), generator=g)
+    model = _classifier()
+    opt = cls(model, 100, "classification", seed=0, T_stats=1, T_inv=1, lr=0.05)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.0)
+    opt.step(X, y)
+    sched.step()
+    assert opt.param_groups[0]["lr"] == 0.0
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.step(X, y)
+    assert opt.param_groups[0]["lr"] == 0.0
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+    a, b = _classifier(), _classifier()
+    oa = cls(a, 100, "classification", seed=1, lr=0.02)
+    ob = cls(b, 100, "classification", seed=1, lr=0.01)
+    ob.param_groups[0]["lr"] = 0.02
+    for _ in range(3):
+        oa.step(X, y), ob.step(X, y)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    ob.param_groups[0]["lr"] = -1.0
+    with pytest.raises(ValueError, match=r"lr \(param_groups\[0\]\['lr'\]\) must be a non-negative finite number"):
+        ob.step(X, y)
+
+
+@pytest.mark.parametrize("cls", [NoisyKFAC, NoisyEKFAC])
+def test_tied_weights_are_refused_by_name(cls):
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4)).to(DT)
+    model[2].weight = model[0].weight
+    with pytest.raises(ValueError, match=r"layers '0' and '2' share a parameter \(tied weights\)"):
+        cls(model, 10, "regression")
+    emb = nn.Embedding(5, 4).to(DT)
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = emb, nn.Linear(4, 5).to(DT)
+            self.head.weight = self.emb.weight
+
+        def forward(self, i):
+            return self.head(self.emb(i))
+
+    with pytest.raises(ValueError, match=r"module 'emb' \(Embedding\) shares a parameter with layer 'head'"):
+        cls(Tied(), 10, "classification")

@@ -17,7 +17,8 @@ from ..linalg import kron_eigen_sample_op as SAMPLE
 from ..random import random_kwargs
 
 __all__ = ["MIX_START", "MASK63", "mix64_state", "mix64", "below_autograd", "grad", "SAMPLE", "NGD", "MOMENTS",
-           "sample_now", "matvec_now", "running_gram", "dist_info", "StepPlan", "StepWork", "parameter_gradients"]
+           "sample_now", "matvec_now", "running_gram", "dist_info", "StepPlan", "StepWork", "parameter_gradients",
+           "check_batch", "checkpoint", "roll_back", "check_labels", "StateCache"]
 
 MIX_START = 0x9E3779B97F4A7C15
 MASK63 = 0x7FFFFFFFFFFFFFFF
@@ -103,6 +104,7 @@ class StepWork:
         self.g_out_rows, self.g_in_rows = [None] * nl, [None] * nl
         self.w_bar = []
         self.total_nll = None
+        self.n_outputs = None  # the model's outputs, once a forward pass has run
         self._world = opt._world
 
     def avg(self, t: torch.Tensor) -> torch.Tensor:
@@ -129,3 +131,81 @@ def parameter_gradients(loss, layer_list, weights, biases, other, means, grads) 
             g = torch.cat([g, b.unsqueeze(1)], 1)
             bi += 1
         grads[i] = g if grads[i] is None else grads[i] + g
+
+
+def check_batch(inputs, targets, particles: int) -> int:
+    """The batch size, after the checks that need no computation."""
+    if not isinstance(inputs, torch.Tensor) or not isinstance(targets, torch.Tensor):
+        raise TypeError(f"inputs and targets must be tensors, got {type(inputs).__name__} and "
+                        f"{type(targets).__name__}")
+    B = inputs.shape[0] if inputs.dim() > 0 else 0
+    if B == 0:
+        raise ValueError(f"inputs: the batch is empty (shape {tuple(inputs.shape)})")
+    if targets.dim() == 0 or targets.shape[0] != B:
+        raise ValueError(f"targets must hold one row per example: inputs have {B}, targets have shape "
+                         f"{tuple(targets.shape)}")
+    if B % particles != 0:
+        raise ValueError(f"the batch size {B} must be divisible by particles={particles}")
+    return B
+
+
+def checkpoint(opt, work: "StepWork"):
+    """What a step of ``opt`` may change besides the means (kept in ``work.means``): the counters, each
+    layer's state entries (the step replaces them, never modifies them in place) and the other
+    parameters' gradients."""
+    return (opt._stats_count, opt._scale_count, [dict(st) for st in work.states],
+            [p.grad for p in opt.other_params])
+
+def roll_back(opt, saved, work: "StepWork") -> None:
+    """Undo a step of ``opt`` that raised: the means back in the layers, the state and counters as they were."""
+    opt._stats_count, opt._scale_count, states, grads = saved
+    with torch.no_grad():
+        for mat, mean in zip(opt._mats, work.means):
+            mat.copy_(mean)
+    for st, old in zip(work.states, states):
+        st.clear()
+        st.update(old)
+    for p, g in zip(opt.other_params, grads):
+        p.grad = g
+
+
+
+def check_labels(ys: torch.Tensor, k) -> None:
+    """``ValueError`` naming ``targets`` when integer class labels lie outside ``[0, k)``."""
+    if k is not None and not ys.dtype.is_floating_point and bool(((ys < 0) | (ys >= k)).any()):
+        raise ValueError(f"targets: class labels must lie in [0, {k}) (the model has {k} outputs), got values "
+                         f"from {int(ys.min())} to {int(ys.max())}") from None
+
+
+class StateCache:
+    """Values derived from a layer's state, kept while the state holds the very tensors they came
+    from.  K-FAC's eigenvalues change only with the bases, the damping and pi (every T_inv steps, or
+    when sigma_noise or the state is set), and each of those puts new tensors in the state; also
+    0-dim tensors of constants."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._eig = {}
+        self._scalars = {}
+
+    def eigenvalues(self, key, st, compute):
+        """The value stored under ``key`` if ``st``'s ``d_g``, ``d_a`` and ``pi`` are the tensors it
+        was computed from, else ``compute()`` (stored)."""
+        hit = self._eig.get(key)
+        if hit is not None and hit[0] is st["d_g"] and hit[1] is st["d_a"] and hit[2] is st["pi"]:
+            return hit[3]
+        value = compute()
+        if len(self._eig) > self.capacity:
+            self._eig.clear()
+        self._eig[key] = (st["d_g"], st["d_a"], st["pi"], value)
+        return value
+
+    def scalar(self, value: float, like: torch.Tensor) -> torch.Tensor:
+        """``value`` as a 0-dim tensor of ``like``'s dtype and device (kept)."""
+        key = (value, like.dtype, like.device)
+        t = self._scalars.get(key)
+        if t is None:
+            if len(self._scalars) > 8:
+                self._scalars.clear()
+            t = self._scalars[key] = torch.tensor(value, dtype=like.dtype, device=like.device)
+        return t

@@ -50,14 +50,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..curvature import (KFACCollector, KroneckerFactor, check_output, check_targets, damped_kfac_eigenvalues, eigen_basis,
-                         factor_rows, find_layers, input_patches, output_gradients, output_grads, per_example_second_moments,
+from ..curvature import (KFACCollector, KroneckerFactor, check_output, check_targets, damped_kfac_eigenvalues,
+                         eigen_basis, factor_rows, input_patches, output_gradients, output_grads, per_example_second_moments,
                          require_finite, resolve_loss, running_average_weight, trace_norm_pi, weight_matrix)
 from ..curvature.layers import layer_shape
 from ..distributions import EigenvalueCorrectedMatrixNormal, MatrixNormal
-from ._step import (MASK63, MIX_START, MOMENTS, NGD, SAMPLE, StepPlan, StepWork, below_autograd, dist_info, grad,
+from ._step import (MASK63, MIX_START, MOMENTS, NGD, SAMPLE, StepPlan, StepWork, below_autograd, check_batch,
+                    StateCache, check_labels, checkpoint, dist_info, grad, roll_back,
                     mix64_state, parameter_gradients, running_gram, sample_now)
-from .hyper import PRESETS, check_step_options, resolve_hyperparameters
+from .settings import PRESETS, check_step_options, resolve_hyperparameters, trained_layers
 
 __all__ = ["NoisyKFAC", "NoisyEKFAC", "PRESETS"]
 
@@ -89,7 +90,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         check_step_options(fisher_type, kfac_approx, particles, other_optimizer, total_steps)
 
         self.model = model
-        self.layers: Dict[str, torch.nn.Module] = find_layers(model, modules, allow_other_parameters=True)
+        self.layers: Dict[str, torch.nn.Module] = trained_layers(model, modules)
         self.hp = hp
         self.num_data = num_data
         self.noise = bool(noise)
@@ -162,8 +163,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         self._mats = [self._mat[n] for n in self.layers]
         self._mats3 = [m.unsqueeze(0) for m in self._mats]  # (1, out, in) views, as the sampling op returns
         self._label_gens = {}  # device -> the generator of the sampled labels, re-seeded every step
-        self._scalars = {}  # 0-dim tensors of constants (_scalar)
-        self._eig_cache = {}  # K-FAC eigenvalues and the state tensors they were computed from (_cached)
+        self._cache = StateCache(4 * len(self.layers))  # K-FAC eigenvalues by the state tensors they came from
         self._weights = [m.weight for m in self.layers.values()]
         self._biases = [m.bias for m in self.layers.values() if m.bias is not None]
 
@@ -213,45 +213,14 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         c = self.hp["kl_weight"] / self.num_data
         if self._ekfac:
             s = st["S"]
-            return torch.div(self._scalar(c, s), s + self.gamma_in)  # (a tensor numerator: one op)
-        key = ("variance", id(st["d_g"]), c, self.gamma_in)
-        hit = self._cached(key, st)
-        if hit is None:
-            hit = self._store(key, st, c / damped_kfac_eigenvalues(st["d_g"], st["d_a"], self.gamma_in, st["pi"]))
-        return hit
+            return torch.div(self._cache.scalar(c, s), s + self.gamma_in)  # (a tensor numerator: one op)
+        return self._cache.eigenvalues(("variance", id(st["d_g"]), c, self.gamma_in), st,
+                                       lambda: c / damped_kfac_eigenvalues(st["d_g"], st["d_a"], self.gamma_in, st["pi"]))
 
     def _kfac_eigenvalues(self, st, damping) -> torch.Tensor:
         """The damped K-FAC eigenvalues ``damped_kfac_eigenvalues(d_g, d_a, damping, pi)`` of a layer."""
-        key = ("damped", id(st["d_g"]), damping)
-        hit = self._cached(key, st)
-        if hit is None:
-            hit = self._store(key, st, damped_kfac_eigenvalues(st["d_g"], st["d_a"], damping, st["pi"]))
-        return hit
-
-    # K-FAC's eigenvalues change only with the bases, the damping and pi (every T_inv steps, or when
-    # sigma_noise or the state is set), and each of those puts new tensors in the state: a value is reused
-    # while the very tensors it was computed from are still the state's.
-    def _cached(self, key, st):
-        hit = self._eig_cache.get(key)
-        if hit is not None and hit[0] is st["d_g"] and hit[1] is st["d_a"] and hit[2] is st["pi"]:
-            return hit[3]
-        return None
-
-    def _store(self, key, st, value):
-        if len(self._eig_cache) > 4 * len(self.layers):
-            self._eig_cache.clear()
-        self._eig_cache[key] = (st["d_g"], st["d_a"], st["pi"], value)
-        return value
-
-    def _scalar(self, value: float, like: torch.Tensor) -> torch.Tensor:
-        """``value`` as a 0-dim tensor of ``like``'s dtype and device (kept)."""
-        key = (value, like.dtype, like.device)
-        t = self._scalars.get(key)
-        if t is None:
-            if len(self._scalars) > 8:
-                self._scalars.clear()
-            t = self._scalars[key] = torch.tensor(value, dtype=like.dtype, device=like.device)
-        return t
+        return self._cache.eigenvalues(("damped", id(st["d_g"]), damping), st, lambda: damped_kfac_eigenvalues(
+            st["d_g"], st["d_a"], damping, st["pi"]))
 
     def _label_generator(self, device) -> torch.Generator:
         gen = self._label_gens.get(device)
@@ -332,38 +301,47 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         return 0.5 * (out - target).pow(2).sum() / self.sigma_noise ** 2
 
     def _rates(self):
+        """This step's ``(lr, beta, beta_scale)``: the parameter group's ``lr`` (set by the constructor,
+        an LR scheduler or the user, as in torch.optim) and the running-average rates, times
+        ``lr_decay`` in the second half of ``total_steps``."""
+        lr = self.param_groups[0]["lr"]
+        if isinstance(lr, torch.Tensor):
+            lr = float(lr)
+        if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr >= 0):
+            raise ValueError(f"lr (param_groups[0]['lr']) must be a non-negative finite number, got {lr!r}")
         f = 1.0
         if self.total_steps is not None and self._step >= self.total_steps / 2:
             f = self.lr_decay
-        return self.hp["lr"] * f, self.hp["beta"] * f, self.hp["beta_scale"] * f
+        return lr * f, self.hp["beta"] * f, self.hp["beta_scale"] * f
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One step on a batch: returns the mean negative log-likelihood at the sampled weights
         (the data term of the negative ELBO per example, detached).  Under torch.distributed,
         ``inputs`` is this rank's share of the global batch (equal sizes on all ranks)."""
         plan = self._plan()
-        B = inputs.shape[0]
-        if B % self.particles != 0:
-            raise ValueError(f"the batch size {B} must be divisible by particles={self.particles}")
+        B = check_batch(inputs, targets, self.particles)
         work = StepWork(self, B)
-        for p in self.other_params:
-            p.grad = None
+        saved = checkpoint(self, work)
         hooks = self._hooks
         try:
+            for p in self.other_params:
+                p.grad = None
             for j in range(self.particles):
                 self._run_share(j, inputs, targets, plan, work)
+            loss = self._average_across_ranks(work)
+            with torch.no_grad(), below_autograd():
+                self._update_curvature(plan, work)
+                deltas, check = self._precondition(work)
+            self._move_means(work, deltas, check, plan.lr, loss)
+        except BaseException:  # a step completes or changes nothing (Ctrl-C included)
+            roll_back(self, saved, work)
+            raise
         finally:
             hooks.record_inputs = False
             hooks.record_grads = False
             hooks.clear()
-        loss = self._average_across_ranks(work)
-        with torch.no_grad(), below_autograd():
-            self._update_curvature(plan, work)
-            deltas, check = self._precondition(work)
-        self._move_means(work, deltas, check, plan.lr, loss)
         if self.other_optimizer is not None:
             self.other_optimizer.step()
-        self.param_groups[0]["lr"] = plan.lr
         self._step += 1
         return loss
 
@@ -400,10 +378,15 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         hooks.clear()
         hooks.record_inputs = plan.need_acts
         hooks.record_grads = plan.need_acts
-        if work.stacked and plan.need_acts:
-            nll = self._stacked_pass(xs, ys, gen, work)
-        else:
-            nll = self._plain_pass(xs, ys, gen, plan, work)
+        try:
+            if work.stacked and plan.need_acts:
+                nll = self._stacked_pass(xs, ys, gen, work)
+            else:
+                nll = self._plain_pass(xs, ys, gen, plan, work)
+        except (RuntimeError, IndexError):  # one_hot / cross_entropy on a label out of range: say so
+            if self.likelihood == "classification":
+                check_labels(ys, work.n_outputs)
+            raise
         nll = nll.detach()
         work.total_nll = nll if work.total_nll is None else work.total_nll + nll
         if plan.need_acts:
@@ -425,6 +408,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         stacked with itself; the weight gradients come from the collector.  Returns the summed nll."""
         chunk, B = work.chunk, work.B
         out2 = check_output(self.model(torch.cat([xs, xs])))
+        work.n_outputs = out2.shape[1]
         out = out2[:chunk]
         ys = check_targets(out, ys, self.likelihood)
         f = out.detach()
@@ -456,6 +440,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         autograd (weights and other parameters).  Returns the summed nll."""
         hooks = self._hooks
         out = check_output(self.model(xs))
+        work.n_outputs = out.shape[1]
         ys = check_targets(out, ys, self.likelihood)
         if plan.need_acts:
             for e in self._statistics_gradients(out, ys, gen):
@@ -615,7 +600,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                 require_finite(n, "natural-gradient step", d)
             raise FloatingPointError(f"non-finite natural-gradient step (loss {float(loss)})")
         nu = 1.0
-        if self.kl_clip is not None and vg > 0:
+        if self.kl_clip is not None and vg > 0 and lr > 0:
             nu = min(1.0, math.sqrt(self.kl_clip / (lr * lr * vg)))
         with torch.no_grad():
             for mean, d, mat in zip(work.means, deltas, self._mats):

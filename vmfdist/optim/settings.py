@@ -1,13 +1,15 @@
-"""The noisy optimizers' hyper-parameters: the presets of Bae et al. (2018) and the checks of
-every setting, each error naming its argument."""
+"""The noisy optimizers' settings: which layers they train, the hyper-parameter presets of Bae et
+al. (2018), and the checks of every setting, each error naming its argument."""
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
-from ..curvature import FISHER_TYPES, KFAC_APPROX, check_choice
+import torch
 
-__all__ = ["PRESETS", "resolve_hyperparameters", "check_step_options"]
+from ..curvature import FISHER_TYPES, KFAC_APPROX, check_choice, find_layers
+
+__all__ = ["PRESETS", "trained_layers", "resolve_hyperparameters", "check_step_options"]
 
 #: Hyper-parameter presets by name, ``"uci"`` (Bae et al. 2018, §6.1: batch 10 or 100,
 #: T_stats = 1, re-scaling re-initialised and bases recomputed every 50 steps, decay by 0.1 for
@@ -70,3 +72,46 @@ def check_step_options(fisher_type: str, kfac_approx: str, particles: int, other
         raise ValueError(f"other_optimizer must be 'adam' or 'sgd', got {other_optimizer!r}")
     if total_steps is not None and not (isinstance(total_steps, int) and total_steps >= 1):
         raise ValueError(f"total_steps must be a positive integer or None, got {total_steps!r}")
+
+
+def trained_layers(model: torch.nn.Module, modules=None) -> Dict[str, torch.nn.Module]:
+    """The layers the optimizer gives a Kronecker-factored posterior: every supported layer of
+    ``model`` (or those of ``modules``) whose parameters require a gradient.  A frozen layer
+    (weight and bias with ``requires_grad=False``) is left alone, as torch optimizers leave frozen
+    parameters; it is an error to select one with ``modules``, to freeze only one of a layer's
+    weight and bias (they are one matrix ``[W | b]`` to the optimizer), or to tie a parameter
+    between layers (its updates would be lost)."""
+    chosen = find_layers(model, modules, allow_other_parameters=True)
+    out, owner = {}, {}
+    for name, mod in chosen.items():
+        label = name or "<model>"
+        w = mod.weight.requires_grad
+        b = w if mod.bias is None else mod.bias.requires_grad
+        if w != b:
+            raise ValueError(f"layer {label!r} has a {'frozen' if w else 'trainable'} bias and a "
+                             f"{'trainable' if w else 'frozen'} weight; the optimizer trains [W | b] as one matrix: "
+                             "freeze both or neither")
+        if not w:
+            if modules is not None:
+                raise ValueError(f"modules: layer {label!r} is frozen (requires_grad=False); unfreeze it or leave it "
+                                 "out")
+            continue
+        for p in (mod.weight, mod.bias):
+            if p is None:
+                continue
+            if id(p) in owner:
+                raise ValueError(f"layers {owner[id(p)]!r} and {label!r} share a parameter (tied weights), which the "
+                                 "noisy optimizers do not support: untie them, or leave one out with modules=")
+            owner[id(p)] = label
+        out[name] = mod
+    if not out:
+        raise ValueError("model has no trainable supported layers (every nn.Linear / nn.Conv2d is frozen)")
+    chosen_ids = {id(m) for m in out.values()}
+    for name, mod in model.named_modules():
+        if id(mod) in chosen_ids:
+            continue
+        for p in mod.parameters(recurse=False):
+            if id(p) in owner:
+                raise ValueError(f"module {name or '<model>'!r} ({type(mod).__name__}) shares a parameter with layer "
+                                 f"{owner[id(p)]!r} (tied weights), which the noisy optimizers do not support")
+    return out
