@@ -691,3 +691,23 @@ def test_optimizer_factors_are_curvatures_value_type():
             assert isinstance(f, KroneckerFactor)
             assert f.A is st["A"] and f.G is st["G"] and f.q_a is st["q_a"] and f.q_g is st["q_g"]
             assert (f.moments is st["S"]) if cls is NoisyEKFAC else f.moments is None
+
+
+@pytest.mark.parametrize("likelihood", ["classification", "regression"])
+def test_an_empty_batch_gives_empty_predictions(likelihood):
+    """laplace-torch returns (0, K) for an empty batch; so does every predictive here (issue 22)."""
+    X, y = _data(likelihood)
+    la = KFACLaplace(_mlp(), likelihood)
+    la.fit(_loader(X, y))
+    empty = X[:0]
+    if likelihood == "classification":
+        assert la(empty).shape == (0, 3)
+        assert la(empty, link_approx="mc", n_samples=4).shape == (0, 3)
+        assert la(empty, pred_type="nn", link_approx="mc", n_samples=4).shape == (0, 3)
+        assert la.predictive_samples(empty, n_samples=4).shape == (4, 0, 3)
+    else:
+        mu, var = la(empty)
+        assert mu.shape == (0, 3) and var.shape == (0, 3, 3)
+        assert la(empty, diagonal_output=True)[1].shape == (0, 3)
+        mu, cov = la(empty, joint=True)
+        assert mu.shape == (0,) and cov.shape == (0, 0)

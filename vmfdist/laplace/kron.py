@@ -541,6 +541,13 @@ class _KroneckerLaplace:
     def _glm_predictive_distribution(self, X: torch.Tensor, joint: bool = False, diagonal_output: bool = False):
         self._check_fitted()
         X = X.to(self._device)
+        if X.shape[0] == 0:  # an empty batch: empty predictions (as laplace-torch), no Jacobians
+            with torch.no_grad():
+                f = check_output(self.model(X))
+            K = f.shape[1]
+            if joint:
+                return f.reshape(-1), f.new_zeros(0, 0)
+            return f, f.new_zeros(0, K) if diagonal_output else f.new_zeros(0, K, K)
         if joint:
             cache = self._glm_terms(X)
             return cache[0].reshape(-1), self._glm_covariance(cache)
