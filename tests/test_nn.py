@@ -1003,3 +1003,48 @@ def test_to_bayesian_says_what_it_leaves_deterministic():
         warnings.simplefilter("error")
         vnn.to_bayesian(nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3), nn.Linear(3, 2)))
         vnn.to_bayesian(nn.Sequential(nn.Conv1d(1, 2, 3), nn.Flatten(), nn.Linear(4, 2)), exclude=["0"])
+
+
+# ---- the predictive and the metrics under bad input (issue 22) -----------------------------------------------
+def _bnn(out=3):
+    torch.manual_seed(0)
+    return nn.Sequential(vnn.MeanFieldLinear(4, 8), nn.ReLU(), vnn.MeanFieldLinear(8, out))
+
+
+def test_predict_refuses_what_it_would_get_wrong():
+    x = torch.randn(5, 4)
+    with pytest.raises(ValueError, match=r"Categorical, which needs \(batch, classes >= 2\).*likelihood=Gaussian"):
+        vnn.predict(_bnn(out=1), x, 4)  # a regression output: a categorical over one class (or the batch)
+    pred = vnn.predict(_bnn(out=1), x, 4, vnn.Gaussian(sigma=0.5))
+    assert pred.mean.shape == (5,)
+    bad = x.clone()
+    bad[3, 2] = float("nan")
+    with pytest.raises(ValueError, match=r"x holds NaN or infinite values \(first in row 3\)"):
+        vnn.predict(_bnn(), bad, 4)
+    with pytest.raises(ValueError, match=r"num_samples x batch = 5000000000000 exceeds 2\*\*31"):
+        vnn.predict(_bnn(), x, 10 ** 12)  # used to run for hours
+    with pytest.raises(ValueError, match="num_samples must be a positive int"):
+        vnn.predict(_bnn(), x, 0)
+
+
+def test_metrics_refuse_logits_nan_and_bad_labels_and_take_probability_tensors():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(20, 4, generator=g, dtype=torch.float64) * 3
+    y = torch.randint(0, 4, (20,), generator=g)
+    p = logits.softmax(-1)
+    for metric in (vnn.ece, vnn.accuracy, vnn.brier_score, vnn.nll):
+        with pytest.raises(ValueError, match="must be class probabilities"):
+            metric(logits, y)  # ece(logits) used to be 3.18
+        nan = p.clone()
+        nan[2, 1] = float("nan")
+        with pytest.raises(ValueError, match="NaN or infinite"):
+            metric(nan, y)
+        with pytest.raises(ValueError, match="integer class indices"):
+            metric(p, y.to(torch.float64))
+        with pytest.raises(ValueError, match=r"class indices in \[0, 4\), got values from 0 to 4"):
+            metric(p, torch.where(y == 3, 4, y).clamp_min(0))
+    # a tensor of probabilities is a predictive for nll too (it used to raise AttributeError)
+    ref = -sum(math.log(float(p[i, int(y[i])])) for i in range(20)) / 20
+    assert abs(float(vnn.nll(p, y)) - ref) < 1e-12
+    assert float(vnn.nll(torch.distributions.Categorical(probs=p), y)) == pytest.approx(ref, rel=1e-12)
+    assert float(vnn.accuracy(p, y.to(torch.uint8))) == float((p.argmax(-1) == y).double().mean())

@@ -57,6 +57,14 @@ def predict(model: torch.nn.Module, x: torch.Tensor, num_samples: int = 32, like
     between examples through a shared first-layer weight sample is dropped.
     """
     likelihood = Categorical() if likelihood is None else likelihood
+    if not (isinstance(num_samples, int) and not isinstance(num_samples, bool) and num_samples >= 1):
+        raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+    rows = num_samples * (x.shape[0] if isinstance(x, torch.Tensor) and x.dim() else 1)
+    if rows > 2 ** 31:  # the predictive holds one output row per sample and example
+        raise ValueError(f"num_samples x batch = {rows} exceeds 2**31 output rows; use fewer samples or a smaller batch")
+    if isinstance(x, torch.Tensor) and x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        bad = (~torch.isfinite(x)).reshape(x.shape[0], -1).any(1).nonzero()[0, 0] if x.dim() else 0
+        raise ValueError(f"x holds NaN or infinite values (first in row {int(bad)})")
     was_training = model.training
     model.eval()
     try:
@@ -64,6 +72,10 @@ def predict(model: torch.nn.Module, x: torch.Tensor, num_samples: int = 32, like
     finally:
         model.train(was_training)
     if isinstance(likelihood, Categorical):
+        if out.dim() != 3 or out.shape[-1] < 2:
+            raise ValueError(f"predict: the default likelihood is Categorical, which needs (batch, classes >= 2) "
+                             f"logits per sample, got {tuple(out.shape[1:])}; for regression pass "
+                             f"likelihood=Gaussian(...)")
         return PredictiveCategorical(F.softmax(out, dim=-1))
     if out.dim() == 3 and out.shape[-1] == 1:
         out = out.squeeze(-1)
@@ -83,21 +95,50 @@ def predict(model: torch.nn.Module, x: torch.Tensor, num_samples: int = 32, like
 
 
 def _probs(pred) -> torch.Tensor:
+    """The class probabilities of ``pred``: a ``Categorical`` predictive, or a floating tensor
+    ``(..., C)`` of probabilities (finite, in [0, 1], rows summing to 1 -- logits are refused, as
+    torchmetrics and scikit-learn refuse them)."""
     if isinstance(pred, _TorchCategorical):
         return pred.probs
     if isinstance(pred, torch.Tensor):
+        if not pred.dtype.is_floating_point or pred.dim() < 1 or pred.shape[-1] < 1:
+            raise ValueError(f"pred must be floating probabilities of shape (..., classes), got dtype {pred.dtype} "
+                             f"and shape {tuple(pred.shape)}")
+        if pred.numel():
+            tol = 1e-3 if pred.dtype in (torch.float16, torch.bfloat16) else 1e-5
+            if not bool(torch.isfinite(pred).all()):
+                raise ValueError("pred holds NaN or infinite values; it must be class probabilities")
+            if bool((pred < 0).any()) or bool((pred > 1).any()) or \
+                    not bool(((pred.sum(-1) - 1).abs() <= tol * pred.shape[-1]).all()):
+                raise ValueError("pred must be class probabilities (in [0, 1], each row summing to 1); for logits "
+                                 "pass logits.softmax(-1)")
         return pred
     raise TypeError(f"pred must be a Categorical predictive or a tensor of probabilities, got {type(pred).__name__}")
 
 
 def _labels(probs, y):
+    """``y`` as class indices: an integer tensor of ``probs``' batch shape with values in ``[0, C)``."""
+    if not isinstance(y, torch.Tensor):
+        raise TypeError(f"y must be a tensor of class indices, got {type(y).__name__}")
     if y.shape != probs.shape[:-1]:
         raise ValueError(f"y must have shape {tuple(probs.shape[:-1])}, got {tuple(y.shape)}")
+    if y.dtype.is_floating_point or y.is_complex() or y.dtype == torch.bool:
+        raise ValueError(f"y must hold integer class indices, got dtype {y.dtype}")
+    k = probs.shape[-1]
+    if y.numel() and (bool((y < 0).any()) or bool((y >= k).any())):
+        raise ValueError(f"y must hold class indices in [0, {k}), got values from {int(y.min())} to {int(y.max())}")
     return y.long()
 
 
 def nll(pred, y) -> torch.Tensor:
-    """Mean negative log predictive density ``-mean log p(y_i | x_i)``."""
+    """Mean negative log predictive density ``-mean log p(y_i | x_i)``: ``pred`` is a predictive
+    distribution (from :func:`predict`) or, for classification, a tensor of class probabilities."""
+    if isinstance(pred, torch.Tensor):
+        p = _probs(pred)
+        return -p.gather(-1, _labels(p, y).unsqueeze(-1)).squeeze(-1).log().mean()
+    if not hasattr(pred, "log_prob"):
+        raise TypeError(f"pred must be a predictive distribution or a tensor of class probabilities, got "
+                        f"{type(pred).__name__}")
     return -pred.log_prob(y).mean()
 
 
