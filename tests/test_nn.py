@@ -1048,3 +1048,20 @@ def test_metrics_refuse_logits_nan_and_bad_labels_and_take_probability_tensors()
     assert abs(float(vnn.nll(p, y)) - ref) < 1e-12
     assert float(vnn.nll(torch.distributions.Categorical(probs=p), y)) == pytest.approx(ref, rel=1e-12)
     assert float(vnn.accuracy(p, y.to(torch.uint8))) == float((p.argmax(-1) == y).double().mean())
+
+
+def test_elbo_refuses_an_ambiguous_square_output_and_warns_without_bayesian_layers():
+    model = nn.Sequential(vnn.MeanFieldLinear(3, 4))
+    elbo = vnn.ELBO(model, num_data=10, likelihood=vnn.Gaussian(1.0))
+    x, y = torch.randn(4, 3), torch.randn(4)
+    with pytest.raises(ValueError, match=r"output of shape \(4, 4\) against target of shape \(4,\) is ambiguous"):
+        elbo(model(x), y)  # four outputs per example, read as four samples before
+    out = vnn.sample_forward(nn.Sequential(vnn.MeanFieldLinear(3, 1)), x, 4)  # (S, B, 1) samples are fine
+    assert elbo(out, y).dim() == 0
+    with pytest.warns(UserWarning, match="no Bayesian layers"):
+        vnn.ELBO(nn.Linear(3, 2), num_data=10)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        vnn.ELBO(model, num_data=10)
+        vnn.ELBO(nn.Linear(3, 1), num_data=10, likelihood=vnn.GammaPrecisionGaussian())  # a latent of its own

@@ -14,6 +14,7 @@ the *whole* training set; using the batch size instead (a common mistake) weight
 from __future__ import annotations
 
 import math
+import warnings
 from numbers import Number
 from typing import Callable, Optional, Union
 
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributions import Gamma
 
-from .model import check_finite, kl_divergence
+from .model import bayesian_modules, check_finite, kl_divergence
 
 __all__ = ["ELBO", "Categorical", "Gaussian", "GammaPrecisionGaussian", "Likelihood"]
 
@@ -59,7 +60,13 @@ class Categorical(Likelihood):
 
 
 def _regression_shapes(output, target):
-    """Accept output (B,), (B, 1), (S, B), (S, B, 1) or (..., B, D) against target (B,) / (B, D)."""
+    """Accept output (B,), (B, 1), (S, B), (S, B, 1) or (..., B, D) against target (B,) / (B, D).
+    A square (B, B) output against a (B,) target is refused: it may be B samples of one output or
+    one sample of B outputs."""
+    if output.dim() == 2 and target.dim() == 1 and output.shape[0] == output.shape[1] == target.shape[0] > 1:
+        raise ValueError(f"output of shape {tuple(output.shape)} against target of shape {tuple(target.shape)} is "
+                         "ambiguous: B samples of one output, or B outputs per example? Give the samples as "
+                         "(S, B, 1) (sample_forward of a (B, 1) model) or multi-output targets as (B, D)")
     if output.shape[-target.dim():] == target.shape and output.dim() - target.dim() in (0, 1):
         return output, target
     if target.dim() >= 1 and output.shape[-1] == 1 and output.shape[-1 - target.dim():-1] == target.shape \
@@ -175,6 +182,10 @@ class ELBO(nn.Module):
             raise TypeError(f"likelihood must be a vmfdist.nn.Likelihood, got {type(self.likelihood).__name__}")
         self.kl_weight = kl_weight
         self.check_finite = check_finite
+        if next(bayesian_modules(model), None) is None and self.likelihood.kl() is None:
+            warnings.warn("ELBO: the model has no Bayesian layers (vmfdist.nn), so the KL term is 0 and the ELBO is "
+                          "the plain NLL; convert the model with vmfdist.nn.to_bayesian first", UserWarning,
+                          stacklevel=2)
         self.step = 0
         self.nll = self.kl = self.kl_weight_value = None
 
