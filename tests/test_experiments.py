@@ -1,6 +1,7 @@
 """Smoke tests of ``python -m vmfdist.experiments`` (the full runs are commands, not tests)."""
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -363,3 +364,115 @@ def test_workers_leave_with_the_command(tmp_path):
         time.sleep(0.5)
         alive = [p for p in alive if _running(p)]
     assert not alive, f"worker processes {alive} outlived the command"
+
+
+# ---- nothing lost, bad arguments refused before training (issue 22, item 6) ----------------------------------
+def test_the_default_out_is_not_the_recorded_tables():
+    import argparse
+    from vmfdist.experiments import calibration, pruning, robustness
+    for mod in (uci, pruning, robustness, calibration):
+        p = argparse.ArgumentParser()
+        mod.add_arguments(p)
+        out = p.parse_args([] if mod is not uci else ["--data-dir", "x"]).out
+        assert out == "vmfdist-results" and "docs" not in out
+
+
+def test_results_are_written_atomically(tmp_path, monkeypatch):
+    from vmfdist.experiments import _common
+    path = tmp_path / "r.json"
+    _common.write_json(str(path), {"a": 1})
+    real = _common.os.replace
+
+    def killed(src, dst):  # the process dies between writing the temporary file and the rename
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_common.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _common.write_json(str(path), {"a": 2, "b": list(range(1000))})
+    monkeypatch.setattr(_common.os, "replace", real)
+    assert json.loads(path.read_text()) == {"a": 1} and [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_an_unusable_out_is_refused_before_any_training(tmp_path, monkeypatch, capsys):
+    from vmfdist.experiments import calibration, pruning
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+
+    def never(*a, **k):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(calibration, "run_seed", never)
+    monkeypatch.setattr(pruning, "run_seed", never)
+    data_dir = tmp_path / "uci"
+    _fake_uci(data_dir)
+    monkeypatch.setattr(uci, "_task", never)
+    for argv in (["laplace-calibration"], ["digits-pruning"], ["uci", "--data-dir", str(data_dir), "--jobs", "1"]):
+        with pytest.raises(SystemExit) as e:
+            cli.main(argv + ["--out", str(blocker / "sub")])
+        assert e.value.code == 2
+        assert "--out" in capsys.readouterr().err
+
+
+def test_uci_refuses_bad_splits_and_data_before_training(tmp_path, monkeypatch, capsys):
+    data_dir = tmp_path / "uci"
+    _fake_uci(data_dir)  # 2 splits
+    monkeypatch.setattr(uci, "_task", lambda *a, **k: (_ for _ in ()).throw(AssertionError("training started")))
+    base = ["uci", "--data-dir", str(data_dir), "--jobs", "1", "--out", str(tmp_path / "o")]
+    with pytest.raises(SystemExit):
+        cli.main(base + ["--splits", "25"])  # wrote nan +- nan and exited 0
+    assert "toy: --splits '25': the data set has 2 splits (0-1)" in capsys.readouterr().err
+    folder = data_dir / "toy"
+    data = np.loadtxt(folder / "data.txt")
+    for name, text, msg in [("data.txt", None, "the target column 3 is constant"),
+                            ("index_train_0.txt", "0\n1\n-4\n", r"index_train_0.txt:3: -4 is not a whole number in \[0, 60\)"),
+                            ("index_test_0.txt", "2.5\n", r"index_test_0.txt:1: 2.5 is not a whole number"),
+                            ("data.txt", "1 2 3 4\n1 2 x 4\n", r"data.txt:2: could not convert string to float")]:
+        saved = (folder / name).read_text()
+        if text is None:
+            const = data.copy()
+            const[:, 3] = 7.0
+            np.savetxt(folder / name, const)
+        else:
+            (folder / name).write_text(text)
+        with pytest.raises(SystemExit):
+            cli.main(base)
+        assert re.search(msg, capsys.readouterr().err), msg
+        (folder / name).write_text(saved)
+
+
+def test_uci_merges_into_the_results_already_there(tmp_path):
+    """Set a, then set b: uci.json holds both (every run used to rewrite it from scratch); a method
+    computed again replaces its entry; --replace starts afresh; a foreign file is not overwritten."""
+    data_dir, out = tmp_path / "uci", tmp_path / "o"
+    _fake_uci(data_dir, name="aaa", seed=1)
+    _fake_uci(data_dir, name="bbb", seed=2)
+    base = ["uci", "--data-dir", str(data_dir), "--methods", "map", "--splits", "0", "--epochs", "2", "--jobs", "1",
+            "--out", str(out)]
+    cli.main(base + ["--datasets", "aaa"])
+    first = json.loads((out / "uci.json").read_text())
+    cli.main(base + ["--datasets", "bbb"])
+    both = json.loads((out / "uci.json").read_text())
+    assert set(both["datasets"]) == {"aaa", "bbb"} and both["datasets"]["aaa"] == first["datasets"]["aaa"]
+    assert len(both["earlier_runs"]) == 1 and "| aaa | map |" in (out / "uci.md").read_text()
+    cli.main(base + ["--datasets", "bbb", "--replace"])
+    assert set(json.loads((out / "uci.json").read_text())["datasets"]) == {"bbb"}
+    (out / "uci.json").write_text('{"datasets": ')  # truncated: refused, kept
+    with pytest.raises(SystemExit):
+        cli.main(base + ["--datasets", "aaa"])
+    assert (out / "uci.json").read_text() == '{"datasets": '
+
+
+def test_an_interrupted_run_keeps_the_seeds_it_finished(tmp_path, monkeypatch):
+    from vmfdist.experiments import calibration
+    real = calibration.run_seed
+
+    def stop_at_second(seed, epochs, data=None):
+        if seed == 1:
+            raise KeyboardInterrupt
+        return real(seed, epochs, data)
+
+    monkeypatch.setattr(calibration, "run_seed", stop_at_second)
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["laplace-calibration", "--seeds", "3", "--epochs", "1", "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "laplace_calibration.json").read_text())
+    assert len(res["seeds"]) == 1 and res["partial"] is True and (tmp_path / "laplace_calibration.md").exists()

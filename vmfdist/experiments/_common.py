@@ -6,6 +6,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Callable, Iterable, List, Optional
 
@@ -59,11 +60,52 @@ def progress(items: Iterable, label: str, total: Optional[int] = None, stream=No
     stream.flush()
 
 
+#: where results go unless ``--out`` says otherwise: a folder in the working directory, never the
+#: recorded tables under ``docs/experiments`` (record a run there with ``--out docs/experiments``)
+DEFAULT_OUT = "vmfdist-results"
+
+
+def out_argument(p, files: str) -> None:
+    """The ``--out`` option of every experiment."""
+    p.add_argument("--out", default=DEFAULT_OUT,
+                   help=f"folder for {files} (default: ./{DEFAULT_OUT}; the recorded runs are in docs/experiments, "
+                        "written there only when named)")
+
+
+def prepare_out(out: str) -> str:
+    """Create ``out`` and check that files can be written in it, before any training
+    (``ValueError`` naming ``--out`` otherwise)."""
+    try:
+        os.makedirs(out, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=out, prefix=".write-check-")
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise ValueError(f"--out {out!r} is not a writable folder: {e.strerror or e}") from None
+    return out
+
+
+def write_text(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically: a temporary file in the same folder, then a rename, so
+    that a kill mid-write leaves the previous file, never a truncated one."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
 def write_json(path: str, payload: dict) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(payload, f, indent=1, sort_keys=False)
-        f.write("\n")
+    """``payload`` as JSON, atomically (:func:`write_text`)."""
+    write_text(path, json.dumps(payload, indent=1, sort_keys=False) + "\n")
 
 
 def mean_se(values) -> tuple:
@@ -105,6 +147,5 @@ def write_results(out: str, stem: str, results: dict, plot: Callable[[str], Opti
     write_json(os.path.join(out, f"{stem}.json"), results)
     picture = plot(os.path.join(out, f"{stem}.png"))
     text = markdown(results, picture)
-    with open(os.path.join(out, f"{stem}.md"), "w") as f:
-        f.write(text)
+    write_text(os.path.join(out, f"{stem}.md"), text)
     print(text)

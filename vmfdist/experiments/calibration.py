@@ -44,8 +44,7 @@ METRICS = ["accuracy", "nll", "ece", "brier", "ood_auroc"]
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=int, default=5, help="MAP training seeds 0..N-1 (default 5)")
     p.add_argument("--epochs", type=int, default=30, help="MAP training epochs (default 30)")
-    p.add_argument("--out", default=os.path.join("docs", "experiments"),
-                   help="where laplace_calibration.json/.md and the reliability diagrams go")
+    _common.out_argument(p, "laplace_calibration.json/.md and the reliability diagrams")
 
 
 def shifted(x: torch.Tensor) -> torch.Tensor:
@@ -96,23 +95,26 @@ def run_seed(seed: int, epochs: int, data=None):
 def run(args) -> dict:
     if args.seeds < 1 or args.epochs < 1:
         raise ValueError(f"--seeds and --epochs must be positive, got {args.seeds} and {args.epochs}")
+    _common.prepare_out(args.out)  # before any training
     meta = _common.run_metadata()
     data = digits.load_with_validation()
     t_all = time.perf_counter()
     per_seed, first = [], None
-    for seed in _common.progress(range(args.seeds), "laplace-calibration"):
-        res, probs, yte = run_seed(seed, args.epochs, data)
-        per_seed.append(dict(res, seed=seed))
-        if first is None:
-            first = (probs, yte)
-    results = {"seeds": per_seed, "meta": meta, "wall_seconds": round(time.perf_counter() - t_all, 1),
+    results = {"seeds": per_seed, "meta": meta, "wall_seconds": 0.0,
                "settings": {"epochs": args.epochs, "seeds": args.seeds,
                             "network": "LeNet-5 scaled to 8x8 (20-50-200-500)",
                             "ood": "test images rotated by 90 degrees", "ece_bins": 15, "predictive": "GLM, probit",
                             "prior_precision": "scalar: marginal likelihood, or validation NLL on a grid "
                                                "10^-2..10^5 (29 points)",
                             "data": f"digits: {len(data[0])} train / {len(data[1])} validation / {len(data[2])} test"}}
-    _common.write_results(args.out, "laplace_calibration", results, lambda path: _plot(*first, path), markdown)
+    for seed in _common.progress(range(args.seeds), "laplace-calibration"):
+        res, probs, yte = run_seed(seed, args.epochs, data)
+        per_seed.append(dict(res, seed=seed))
+        if first is None:
+            first = (probs, yte)
+        # after every seed (an interrupted run keeps the seeds it finished), atomically
+        results.update(wall_seconds=round(time.perf_counter() - t_all, 1), partial=len(per_seed) < args.seeds)
+        _common.write_results(args.out, "laplace_calibration", results, lambda path: _plot(*first, path), markdown)
     return results
 
 

@@ -39,8 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--validation", action="store_true",
                    help="score on a held-out 20%% of the training images (fixed, stratified) instead of the "
                         "test images: for choosing settings")
-    p.add_argument("--out", default=os.path.join("docs", "experiments"),
-                   help="where digits_pruning.json/.md and the log-mode picture go")
+    _common.out_argument(p, "digits_pruning.json/.md and the log-mode picture")
 
 
 def _errors(model, x, y) -> Dict[str, float]:
@@ -92,6 +91,7 @@ def run(args) -> dict:
         raise ValueError(f"--seeds and --epochs must be positive, got {args.seeds} and {args.epochs}")
     if not args.radius_lr > 0:
         raise ValueError(f"--radius-lr must be positive, got {args.radius_lr}")
+    _common.prepare_out(args.out)  # before any training
     meta = _common.run_metadata()
     if args.validation:  # train on 80% of the training images, score on the rest; no test image is used
         xtr, xval, _, ytr, yval, _ = digits.load_with_validation()
@@ -101,21 +101,23 @@ def run(args) -> dict:
     t_all = time.perf_counter()
     per_seed: List[dict] = []
     first_modes = None
-    for seed in _common.progress(range(args.seeds), "digits-pruning"):
-        res, modes = run_seed(seed, args.epochs, data, args.radius_lr)
-        per_seed.append(res)
-        if first_modes is None:
-            first_modes = (modes, {k: (-float("inf") if t is None else t) for k, t in res["thresholds"].items()})
     results = {"seeds": per_seed, "settings": {"epochs": args.epochs, "seeds": args.seeds, "batch": digits.BATCH,
                                                "network": "LeNet-5-Caffe scaled to 8x8 (20-50-200-500)",
                                                "radius_lr": args.radius_lr, "validation": bool(args.validation),
                                                "data": ("validation: 20% of the training images held out"
                                                         if args.validation else
                                                         "sklearn load_digits, stratified 80/20 split, seed 0")},
-               "meta": meta, "wall_seconds": round(time.perf_counter() - t_all, 1)}
-    _common.write_results(args.out, "digits_pruning", results,
-                          lambda path: plot_log_modes(*first_modes, path, "RDP on digits (seed 0): log-modes and "
-                                                      "pruning thresholds (cf. Oh et al. 2019, Fig. 7)"), markdown)
+               "meta": meta, "wall_seconds": 0.0}
+    for seed in _common.progress(range(args.seeds), "digits-pruning"):
+        res, modes = run_seed(seed, args.epochs, data, args.radius_lr)
+        per_seed.append(res)
+        if first_modes is None:
+            first_modes = (modes, {k: (-float("inf") if t is None else t) for k, t in res["thresholds"].items()})
+        # after every seed (an interrupted run keeps the seeds it finished), atomically
+        results.update(wall_seconds=round(time.perf_counter() - t_all, 1), partial=len(per_seed) < args.seeds)
+        _common.write_results(args.out, "digits_pruning", results,
+                              lambda path: plot_log_modes(*first_modes, path, "RDP on digits (seed 0): log-modes and "
+                                                          "pruning thresholds (cf. Oh et al. 2019, Fig. 7)"), markdown)
     return results
 
 

@@ -51,8 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="epochs of NLL-only training of the means before the ELBO (default 1, as the paper)")
     p.add_argument("--lrs", nargs="+", type=float, default=LRS, help=f"Adam learning rates (default {LRS})")
     p.add_argument("--rhos", nargs="+", type=float, default=RHOS, help=f"initial rho values (default {RHOS})")
-    p.add_argument("--out", default=os.path.join("docs", "experiments"),
-                   help="where radial_robustness.json/.md and the heat maps go")
+    _common.out_argument(p, "radial_robustness.json/.md and the heat maps")
 
 
 def chance_accuracy_bar(n_test: int, classes: int = 10) -> float:
@@ -119,6 +118,7 @@ def run(args) -> dict:
     lrs, rhos = list(args.lrs), list(args.rhos)
     if not all(lr > 0 and math.isfinite(lr) for lr in lrs) or not all(math.isfinite(r) for r in rhos):
         raise ValueError(f"--lrs must be positive and --rhos finite, got {lrs} and {rhos}")
+    _common.prepare_out(args.out)  # before any training
     meta = _common.run_metadata()
     t_all = time.perf_counter()
     results = {"grid": {"lr": lrs, "rho": rhos, "sigma_init": [F.softplus(torch.tensor(r)).item() for r in rhos]},
@@ -135,8 +135,11 @@ def run(args) -> dict:
             for kind, lr, rho in _common.progress(cells, "radial-robustness digits"):
                 r = _digits_cell(kind, lr, rho, args.epochs, data, pretrain=args.pretrain_epochs)
                 out[kind].append(dict(r, lr=lr, rho=rho, failed=r["accuracy"] <= bar))
-            results["tasks"]["digits"] = {"metric": "test accuracy", "failure_bar": bar, "cells": out,
-                                          "wall_seconds": round(time.perf_counter() - t0, 1)}
+                results["tasks"]["digits"] = {"metric": "test accuracy", "failure_bar": bar, "cells": out,
+                                              "wall_seconds": round(time.perf_counter() - t0, 1)}
+                _checkpoint(args.out, results)
+            results["wall_seconds"] = round(time.perf_counter() - t_all, 1)
+            _write(args.out, results)
         if "uci" in args.tasks:
             split = uci.make_split(uci_data, 0)
             bar = _baseline_ll(split)
@@ -145,12 +148,24 @@ def run(args) -> dict:
             for kind, lr, rho in _common.progress(cells, f"radial-robustness {args.uci_dataset}"):
                 r = _uci_cell(kind, lr, rho, args.uci_epochs, split, pretrain=args.pretrain_epochs)
                 out[kind].append(dict(r, lr=lr, rho=rho, failed=r["test_ll"] <= bar))
-            results["tasks"]["uci"] = {"metric": f"test log-likelihood ({args.uci_dataset}, split 0)",
-                                       "failure_bar": bar, "cells": out,
-                                       "wall_seconds": round(time.perf_counter() - t0, 1)}
+                results["tasks"]["uci"] = {"metric": f"test log-likelihood ({args.uci_dataset}, split 0)",
+                                           "failure_bar": bar, "cells": out,
+                                           "wall_seconds": round(time.perf_counter() - t0, 1)}
+                _checkpoint(args.out, results)
     results["wall_seconds"] = round(time.perf_counter() - t_all, 1)
-    _common.write_results(args.out, "radial_robustness", results, lambda path: _plot(results, path), markdown)
+    _write(args.out, results, partial=False)
     return results
+
+
+def _checkpoint(out: str, results: dict) -> None:
+    """After every cell: the JSON, atomically (an interrupted run keeps the cells it finished)."""
+    _common.write_json(os.path.join(out, "radial_robustness.json"), dict(results, partial=True))
+
+
+def _write(out: str, results: dict, partial: bool = True) -> None:
+    """JSON, heat maps and page (after each task, and at the end)."""
+    _common.write_results(out, "radial_robustness", dict(results, partial=partial),
+                          lambda path: _plot(results, path), markdown)
 
 
 def _value(task, cell):

@@ -20,6 +20,7 @@ so a split re-run alone gives the number the full run recorded for it.
 from __future__ import annotations
 
 import argparse
+import json
 import concurrent.futures
 import math
 import multiprocessing
@@ -86,9 +87,44 @@ class Split:
     batch_size: int
 
 
-def _read_ints(path: str) -> List[int]:
+def _read_ints(path: str, low: int = 0, high: Optional[int] = None) -> List[int]:
+    """The whole numbers in ``path``, each in ``[low, high)``; anything else is a ``ValueError``
+    naming the file and the line."""
+    out = []
     with open(path) as f:
-        return [int(float(t)) for t in f.read().split()]
+        for line_no, line in enumerate(f, 1):
+            for t in line.split():
+                try:
+                    v = float(t)
+                except ValueError:
+                    raise ValueError(f"{path}:{line_no}: {t!r} is not a number") from None
+                if not v.is_integer() or v < low or (high is not None and v >= high):
+                    rng = f"[{low}, {high})" if high is not None else f">= {low}"
+                    raise ValueError(f"{path}:{line_no}: {t} is not a whole number in {rng}")
+                out.append(int(v))
+    return out
+
+
+def _read_matrix(path: str) -> torch.Tensor:
+    """The rows of numbers in ``path`` (all of one length), or a ``ValueError`` naming file and line."""
+    rows = []
+    with open(path) as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append([float(t) for t in line.split()])
+            except ValueError as e:
+                raise ValueError(f"{path}:{line_no}: {e}") from None
+            if len(rows[-1]) != len(rows[0]):
+                raise ValueError(f"{path}:{line_no}: {len(rows[-1])} columns where line 1 has {len(rows[0])}")
+    if not rows:
+        raise ValueError(f"{path}: no data")
+    data = torch.tensor(rows, dtype=torch.float64)
+    if not bool(torch.isfinite(data).all()):
+        bad = int((~torch.isfinite(data)).any(1).nonzero()[0, 0])
+        raise ValueError(f"{path}: row {bad + 1} holds NaN or infinite values")
+    return data
 
 
 def short_name(folder: str) -> str:
@@ -125,21 +161,35 @@ def load_dataset(name: str, data_dir: str) -> UCIData:
     root = _set_folder(os.path.join(data_dir, folder))
     if root is None:
         raise FileNotFoundError(f"no data set {name!r} in {data_dir!r} (found: {', '.join(list_datasets(data_dir))})")
-    with open(os.path.join(root, "data.txt")) as f:
-        data = torch.tensor([[float(t) for t in line.split()] for line in f if line.strip()], dtype=torch.float64)
-    feats = _read_ints(os.path.join(root, "index_features.txt"))
-    target = _read_ints(os.path.join(root, "index_target.txt"))
+    data = _read_matrix(os.path.join(root, "data.txt"))
+    rows, cols = data.shape
+    feats = _read_ints(os.path.join(root, "index_features.txt"), 0, cols)
+    target = _read_ints(os.path.join(root, "index_target.txt"), 0, cols)
     if len(target) != 1:
         raise ValueError(f"{root}/index_target.txt must name one column, got {target}")
-    n_splits = _read_ints(os.path.join(root, "n_splits.txt"))[0]
+    if not feats or target[0] in feats:
+        raise ValueError(f"{root}/index_features.txt must name at least one column and not the target column")
+    if float(data[:, target[0]].std()) == 0.0:
+        raise ValueError(f"{root}/data.txt: the target column {target[0]} is constant; there is nothing to regress")
+    n_splits = _one_int(os.path.join(root, "n_splits.txt"), 1)
     splits = []
     for k in range(n_splits):
-        tr = torch.tensor(_read_ints(os.path.join(root, f"index_train_{k}.txt")), dtype=torch.long)
-        te = torch.tensor(_read_ints(os.path.join(root, f"index_test_{k}.txt")), dtype=torch.long)
+        tr = torch.tensor(_read_ints(os.path.join(root, f"index_train_{k}.txt"), 0, rows), dtype=torch.long)
+        te = torch.tensor(_read_ints(os.path.join(root, f"index_test_{k}.txt"), 0, rows), dtype=torch.long)
+        if len(tr) < 2 or len(te) < 1:
+            raise ValueError(f"{root}: split {k} needs at least 2 training and 1 test example, got {len(tr)} and "
+                             f"{len(te)}")
         splits.append((tr, te))
     return UCIData(name=short_name(folder), folder=folder, x=data[:, feats], y=data[:, target[0]], splits=splits,
-                   n_hidden=_read_ints(os.path.join(root, "n_hidden.txt"))[0],
-                   n_epochs=_read_ints(os.path.join(root, "n_epochs.txt"))[0])
+                   n_hidden=_one_int(os.path.join(root, "n_hidden.txt"), 1),
+                   n_epochs=_one_int(os.path.join(root, "n_epochs.txt"), 1))
+
+
+def _one_int(path: str, low: int) -> int:
+    values = _read_ints(path, low)
+    if len(values) != 1:
+        raise ValueError(f"{path} must hold one whole number >= {low}, got {len(values)} numbers")
+    return values[0]
 
 
 def make_split(data: UCIData, k: int, dtype=torch.float64) -> Split:
@@ -148,6 +198,9 @@ def make_split(data: UCIData, k: int, dtype=torch.float64) -> Split:
     xm, xs = xtr.mean(0), xtr.std(0)
     xs = torch.where(xs > 0, xs, torch.ones_like(xs))  # constant features stay as they are
     ym, ys = float(ytr.mean()), float(ytr.std())
+    if not ys > 0:
+        raise ValueError(f"{data.name}, split {k}: the training targets are constant; the standardised targets "
+                         "would be NaN")
     return Split(x_train=((xtr - xm) / xs).to(dtype), y_train=((ytr - ym) / ys).to(dtype),
                  x_test=((xte - xm) / xs).to(dtype), y_test=yte.to(dtype), y_mean=ym, y_std=ys,
                  n_hidden=data.n_hidden, batch_size=100 if len(tr) > LARGE else 10)
@@ -426,7 +479,9 @@ def parse_splits(text: Optional[str], n: int) -> List[int]:
         raise ValueError(f"--splits must look like A-B or A, got {text!r}") from None
     if not (0 <= a <= b):
         raise ValueError(f"--splits {text!r}: need 0 <= A <= B")
-    return [k for k in range(a, b + 1) if k < n]
+    if a >= n:
+        raise ValueError(f"--splits {text!r}: the data set has {n} splits (0-{n - 1})")
+    return [k for k in range(a, b + 1) if k < n]  # a range past the last split stops there
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -443,7 +498,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "instead of its test part: for choosing settings")
     p.add_argument("--set", action="append", default=None, metavar="METHOD.NAME=VALUE",
                    help="override a method setting (repeatable), e.g. noisy-ekfac.kl_weight=1")
-    p.add_argument("--out", default=os.path.join("docs", "experiments"), help="where uci.json and uci.md go")
+    _common.out_argument(p, "uci.json and uci.md (merged with the results already there, unless --replace)")
+    p.add_argument("--replace", action="store_true",
+                   help="start uci.json afresh instead of merging this run's data sets and methods into it")
 
 
 # Work is scheduled as independent (data set, method, split) tasks, each on one thread with its
@@ -534,6 +591,7 @@ def run(args) -> dict:
         raise SystemExit(f"--jobs must be positive, got {jobs}")
     overrides = parse_settings(getattr(args, "set", None))
     validation = bool(getattr(args, "validation", False))
+    _common.prepare_out(args.out)  # before any training
     meta = _common.run_metadata()
     t_all = time.perf_counter()
     results = {"datasets": {}, "wall_seconds": {}, "task_seconds": {}, "settings": {
@@ -541,6 +599,13 @@ def run(args) -> dict:
         "gamma_prior": GAMMA_PRIOR, "jobs": jobs, "threads_per_task": 1, "validation": validation,
         "methods": {m: settings_for("", m, overrides) for m in methods}}, "meta": meta}
     datasets = [load_dataset(name, args.data_dir) for name in names]  # fail early on a bad name
+    split_lists = []
+    for data in datasets:  # and on splits that a data set does not have
+        try:
+            split_lists.append(parse_splits(args.splits, len(data.splits)))
+        except ValueError as e:
+            raise ValueError(f"{data.name}: {e}") from None
+    results = _merged(args.out, results, validation, getattr(args, "replace", False))
     order = sorted(methods, key=_COST_ORDER.index)
     pool = (_InProcess() if jobs == 1 else
             concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
@@ -548,8 +613,7 @@ def run(args) -> dict:
     try:
         # every task is queued at once (in data-set order), so no worker idles between data sets
         queued = []
-        for data in datasets:
-            splits = parse_splits(args.splits, len(data.splits))
+        for data, splits in zip(datasets, split_lists):
             futs = {(m, k): pool.submit(_task, args.data_dir, data.name, m, k, args.epochs, validation, overrides)
                     for m in order for k in splits}
             queued.append((data, splits, futs))
@@ -577,10 +641,35 @@ def run(args) -> dict:
 
 
 def _write(out: str, results: dict, partial: bool = False) -> None:
-    os.makedirs(out, exist_ok=True)
+    """uci.json and uci.md, atomically."""
     _common.write_json(os.path.join(out, "uci.json"), dict(results, partial=partial))
-    with open(os.path.join(out, "uci.md"), "w") as f:
-        f.write(markdown(results))
+    _common.write_text(os.path.join(out, "uci.md"), markdown(results))
+
+
+def _merged(out: str, results: dict, validation: bool, replace: bool) -> dict:
+    """``results`` on top of the ``uci.json`` already in ``out``: its data sets and methods stay
+    unless this run computes them again (then they are replaced); the earlier runs' metadata are
+    kept in ``earlier_runs``.  A file that is not a results file, or one from a run of the other
+    kind (validation / test), is refused rather than overwritten."""
+    path = os.path.join(out, "uci.json")
+    if replace or not os.path.exists(path):
+        return results
+    try:
+        with open(path) as f:
+            old = json.load(f)
+        if not isinstance(old.get("datasets"), dict):
+            raise ValueError("no 'datasets'")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ValueError(f"{path} exists but is not a uci results file ({e}); move it away or pass --replace") from None
+    if bool(old.get("settings", {}).get("validation")) != validation:
+        kind = "validation" if old.get("settings", {}).get("validation") else "test"
+        raise ValueError(f"{path} holds a {kind} run; write this one to another --out, or pass --replace")
+    merged = dict(results)
+    merged["datasets"] = {k: dict(v) for k, v in old["datasets"].items()}
+    merged["task_seconds"] = dict(old.get("task_seconds", {}))
+    merged["wall_seconds"] = {k: v for k, v in old.get("wall_seconds", {}).items() if k != "total"}
+    merged["earlier_runs"] = list(old.get("earlier_runs", [])) + ([old["meta"]] if "meta" in old else [])
+    return merged
 
 
 def markdown(results: dict) -> str:
