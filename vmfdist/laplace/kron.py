@@ -47,7 +47,7 @@ from ..curvature import (KFAC_APPROX, LIKELIHOODS, KroneckerFactor, batch_nll, c
 from .blocks import (Block, ParameterLayout, collect_block_moments, find_blocks, given_block_moments, given_layer_factor,
                      unpack_batch)
 from .precision import KroneckerPrecision, checked_prior_mean, checked_prior_precision, checked_sigma_noise
-from .predictive import glm_samples, glm_terms, link, validation_loss
+from .predictive import empty_predictive, glm_samples, glm_terms, link, validation_loss
 
 __all__ = ["KFACLaplace", "EKFACLaplace", "Laplace"]
 
@@ -542,12 +542,7 @@ class _KroneckerLaplace:
         self._check_fitted()
         X = X.to(self._device)
         if X.shape[0] == 0:  # an empty batch: empty predictions (as laplace-torch), no Jacobians
-            with torch.no_grad():
-                f = check_output(self.model(X))
-            K = f.shape[1]
-            if joint:
-                return f.reshape(-1), f.new_zeros(0, 0)
-            return f, f.new_zeros(0, K) if diagonal_output else f.new_zeros(0, K, K)
+            return empty_predictive(self.model, X, joint, diagonal_output)
         if joint:
             cache = self._glm_terms(X)
             return cache[0].reshape(-1), self._glm_covariance(cache)

@@ -13,7 +13,7 @@ from torch import nn
 from ..curvature import check_output, input_patches
 from .blocks import Block, Capture, batched_output_grads, block_inputs
 
-__all__ = ["glm_terms", "link", "glm_samples", "validation_loss"]
+__all__ = ["glm_terms", "empty_predictive", "link", "glm_samples", "validation_loss"]
 
 
 def glm_terms(model: nn.Module, blocks: List[Block], X: torch.Tensor, enable_backprop: bool = False):
@@ -40,6 +40,17 @@ def glm_terms(model: nn.Module, blocks: List[Block], X: torch.Tensor, enable_bac
             terms.append((torch.einsum("kblo,blj->kboj", u, v), None))
     f = out if enable_backprop else out.detach()
     return f, terms
+
+
+def empty_predictive(model: nn.Module, X: torch.Tensor, joint: bool, diagonal_output: bool):
+    """``(f_mu, f_var)`` of an empty batch ``X``: ``(0, K)`` and ``(0, K, K)`` (``(0, K)`` diagonal; ``(0,)``
+    and ``(0, 0)`` joint), with ``K`` from one forward pass of the empty batch (as laplace-torch)."""
+    with torch.no_grad():
+        f = check_output(model(X))
+    K = f.shape[1]
+    if joint:
+        return f.reshape(-1), f.new_zeros(0, 0)
+    return f, f.new_zeros(0, K) if diagonal_output else f.new_zeros(0, K, K)
 
 
 def _backprop(out: torch.Tensor, cap: Capture, cols: torch.Tensor, create_graph: bool = False):
