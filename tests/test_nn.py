@@ -1065,3 +1065,37 @@ def test_elbo_refuses_an_ambiguous_square_output_and_warns_without_bayesian_laye
         warnings.simplefilter("error")
         vnn.ELBO(model, num_data=10)
         vnn.ELBO(nn.Linear(3, 1), num_data=10, likelihood=vnn.GammaPrecisionGaussian())  # a latent of its own
+
+
+def test_compress_slices_a_batch_norm_after_flatten_and_refuses_layer_norm():
+    """A BatchNorm1d after Flatten is sliced over the flattened features of the removed channels (it
+    was left whole, so the compressed model crashed at first use); a LayerNorm between pruned layers
+    is refused by name (it was accepted and not resized); the result computes what the masked network
+    computes."""
+    torch.manual_seed(3)
+    model = nn.Sequential(vnn.RDPConv2d(1, 4, 3, grouping="double"), nn.ReLU(), nn.Flatten(),
+                          nn.BatchNorm1d(4 * 2 * 2), vnn.RDPLinear(16, 3, grouping="double")).double()
+    with torch.no_grad():
+        model[3].running_mean.uniform_(-1, 1)
+        model[3].running_var.uniform_(0.5, 2)
+        model[3].weight.uniform_(0.5, 1.5)
+        model[3].bias.uniform_(-1, 1)
+        model[0].row.local_b_loc[[1, 2]] -= 30.0  # output channels 1 and 2 pruned
+        model[4].column.local_b_loc[4:12] -= 30.0  # and the features they feed (2 x 2 each)
+    small = vnn.compress(model, threshold=-7.0).eval()
+    assert small[0].weight.shape[0] == 2 and small[3].num_features == 8 and small[4].weight.shape == (3, 8)
+    assert small[3].running_mean.dtype == torch.float64
+    x = torch.randn(5, 1, 4, 4, dtype=torch.float64)
+    full = vnn.to_deterministic(model, "mean").eval()
+    with torch.no_grad():  # the reference: the full network with the pruned channels' outputs removed
+        h = full[2](full[1](full[0](x)))
+        keep = torch.ones(16, dtype=torch.bool)
+        keep[4:12] = False
+        ref = full[4].weight[:, keep] @ full[3](h)[:, keep].T
+    torch.testing.assert_close(small(x), ref.T + full[4].bias, rtol=1e-12, atol=1e-12)
+    ln = nn.Sequential(vnn.RDPLinear(6, 5, grouping="double"), nn.LayerNorm(5), vnn.RDPLinear(5, 3, grouping="double"))
+    with torch.no_grad():
+        ln[0].row.local_b_loc[1] -= 30.0
+        ln[2].column.local_b_loc[1] -= 30.0
+    with pytest.raises(ValueError, match=r"compress: LayerNorm '1' normalises over several features"):
+        vnn.compress(ln, threshold=-7.0)

@@ -164,10 +164,8 @@ def compress(model: torch.nn.Module, threshold: Union[None, float, Dict[str, flo
             gone[0] = False
         remove_out[a] = gone
         remove_in[b] = gone.repeat_interleave(per)
-        # slice batch norms between a and b
-        for k in range(a + 1, b):
-            if isinstance(plain[k], (nn.BatchNorm1d, nn.BatchNorm2d)) and plain[k].num_features == n_out_a:
-                plain[k] = _slice_bn(plain[k], ~gone)
+        if bool(gone.any()):  # per-feature layers between a and b lose the removed features too
+            _slice_between(mods, plain, names, a, b, ~gone, ~remove_in[b])
     out = []
     for i, m in enumerate(plain):
         if i in remove_out:
@@ -201,10 +199,40 @@ def _slice_layer(m, orig, row_keep, col_keep, out_keep, in_keep):
     return new
 
 
+_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d,
+          nn.BatchNorm3d, nn.SyncBatchNorm, nn.RMSNorm)
+
+
+def _slice_between(mods, plain, names, a, b, keep_out, keep_in) -> None:
+    """Slice the batch norms between weighted layers ``a`` and ``b``: over ``a``'s output neurons
+    (``keep_out``) before a ``Flatten``, over ``b``'s input features (``keep_in``) after it.  A
+    normalisation over several features (LayerNorm, GroupNorm, ...) would change its statistics
+    when features are removed, and a batch norm of another size cannot be matched: both are
+    refused by name rather than left to crash at first use."""
+    flat = False
+    for k in range(a + 1, b):
+        m, label = mods[k], names.get(id(mods[k]), str(k))
+        if isinstance(m, nn.Flatten):
+            flat = True
+        elif isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
+            keep = keep_in if flat else keep_out
+            if m.num_features != keep.numel():
+                raise ValueError(f"compress: batch norm {label!r} has num_features={m.num_features}, which matches "
+                                 f"neither the {keep_out.numel()} pruned neurons before it nor the {keep_in.numel()} "
+                                 "features after a Flatten")
+            plain[k] = _slice_bn(plain[k], keep)
+        elif isinstance(m, _NORMS):
+            raise ValueError(f"compress: {type(m).__name__} {label!r} normalises over several features, so removing "
+                             "the pruned ones would change its statistics; only per-feature BatchNorm1d/2d layers can "
+                             "sit between pruned layers")
+
+
 @torch.no_grad()
 def _slice_bn(bn, keep):
+    ref = bn.weight if bn.affine else bn.running_mean
+    kw = {} if ref is None else {"device": ref.device, "dtype": ref.dtype}
     new = type(bn)(int(keep.sum()), eps=bn.eps, momentum=bn.momentum, affine=bn.affine,
-                   track_running_stats=bn.track_running_stats)
+                   track_running_stats=bn.track_running_stats, **kw)
     if bn.affine:
         new.weight.copy_(bn.weight[keep])
         new.bias.copy_(bn.bias[keep])
@@ -212,7 +240,7 @@ def _slice_bn(bn, keep):
         new.running_mean.copy_(bn.running_mean[keep])
         new.running_var.copy_(bn.running_var[keep])
         new.num_batches_tracked.copy_(bn.num_batches_tracked)
-    return new.to(bn.weight.device if bn.affine else None)
+    return new
 
 
 def count_parameters(model: torch.nn.Module) -> int:
