@@ -1099,3 +1099,21 @@ def test_compress_slices_a_batch_norm_after_flatten_and_refuses_layer_norm():
         ln[2].column.local_b_loc[1] -= 30.0
     with pytest.raises(ValueError, match=r"compress: LayerNorm '1' normalises over several features"):
         vnn.compress(ln, threshold=-7.0)
+
+
+@pytest.mark.parametrize("make", [lambda **k: vnn.MeanFieldLinear(4, 3, **k), lambda **k: vnn.RadialLinear(4, 3, **k),
+                                  lambda **k: vnn.RDPLinear(4, 3, **k), lambda **k: vnn.MeanFieldConv2d(2, 3, 3, **k),
+                                  lambda **k: vnn.RadialConv2d(2, 3, 3, **k), lambda **k: vnn.RDPConv2d(2, 3, 3, **k)])
+def test_layers_honour_device_for_every_parameter_and_buffer(make):
+    """device='meta' (large models are built there and materialised later): the priors' buffers used to
+    stay on the CPU, and RDP layers could not be built at all."""
+    m = make(device="meta")
+    assert {t.device.type for t in list(m.parameters()) + list(m.buffers())} == {"meta"}
+    real = m.to_empty(device="cpu")
+    assert {t.device.type for t in list(real.parameters()) + list(real.buffers())} == {"cpu"}
+
+
+def test_to_bayesian_on_the_meta_device_runs():
+    net = vnn.to_bayesian(nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)).to("meta"))
+    assert {t.device.type for t in list(net.parameters()) + list(net.buffers())} == {"meta"}
+    assert net(torch.randn(5, 4, device="meta")).shape == (5, 2)

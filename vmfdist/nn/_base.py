@@ -60,8 +60,13 @@ class _Prior(nn.Module):
     :class:`~vmfdist.distributions.radial.Radial` over the whole tensor) is used as it is.
     """
 
-    def __init__(self, prior, name: str = "prior"):
+    def __init__(self, prior, name: str = "prior", device=None):
         super().__init__()
+        self._init(prior, name)
+        if device is not None:  # the layer's device= (meta included): the prior's buffers live there too
+            self.to(device)
+
+    def _init(self, prior, name: str) -> None:
         if prior is None:
             prior = 1.0
         self._module = None
@@ -513,8 +518,8 @@ class _ScaledGaussianLayer(BayesianModule):
         else:
             self.register_parameter("bias_mu", None)
             self.register_parameter("bias_rho", None)
-        self.prior = _Prior(prior, "prior")
-        self.bias_prior = _Prior(prior if bias_prior is None else bias_prior, "bias_prior")
+        self.prior = _Prior(prior, "prior", device=device)
+        self.bias_prior = _Prior(prior if bias_prior is None else bias_prior, "bias_prior", device=device)
         self.prior_kl_samples = prior_kl_samples
         nn.init.kaiming_normal_(self.weight_mu, nonlinearity="relu")
 

@@ -178,10 +178,10 @@ class _RDPFactor(nn.Module):
         self.num_groups, self.dim = g, d
         dev, dt = directions.device, directions.dtype
         dirs = directions.detach().clone()
-        bad = dirs.norm(dim=-1) <= 0
-        if bool(bad.any()):
-            dirs[bad] = 0.0
-            dirs[bad, 0] = 1.0
+        # a zero row gets the direction e_1 (no data-dependent branch: the meta device has no values)
+        e1 = torch.zeros_like(dirs)
+        e1[..., 0] = 1.0
+        dirs = torch.where((dirs.norm(dim=-1) <= 0).unsqueeze(-1), e1, dirs)
         self.direction = nn.Parameter(F.normalize(dirs, dim=-1))
         kappa_q = concentration_for_mean_length(d, 1.0 - init_eps)
         kappa_p = concentration_for_mean_length(d, 1.0 - prior_eps)
@@ -366,7 +366,7 @@ class _RDP(BayesianModule):
         else:
             self.register_parameter("bias_mu", None)
             self.register_parameter("bias_rho", None)
-        self.bias_prior = _Prior(bias_prior, "bias_prior")
+        self.bias_prior = _Prior(bias_prior, "bias_prior", device=device)
 
     def _set_factors(self, w):
         """(Re)initialise the factors so that the posterior mean of W is ``w``."""
