@@ -1117,3 +1117,39 @@ def test_to_bayesian_on_the_meta_device_runs():
     net = vnn.to_bayesian(nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)).to("meta"))
     assert {t.device.type for t in list(net.parameters()) + list(net.buffers())} == {"meta"}
     assert net(torch.randn(5, 4, device="meta")).shape == (5, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("make", [lambda **k: vnn.MeanFieldLinear(300, 200, **k), lambda **k: vnn.RadialLinear(300, 200, **k),
+                                  lambda **k: vnn.RDPLinear(30, 20, **k), lambda **k: vnn.MeanFieldConv2d(20, 30, 3, **k)])
+def test_half_precision_layers_have_a_finite_float32_kl(make, dtype):
+    """A float16 layer's KL used to overflow to inf (mean-field) or be NaN at initialisation (RDP):
+    it is computed in float32, equal to the KL of the same parameters held in float32, and its
+    gradient reaches the half-precision parameters."""
+    torch.manual_seed(0)
+    low = make(dtype=dtype)
+    torch.manual_seed(0)
+    ref = make(dtype=torch.float32)
+    with torch.no_grad():
+        for p, q in zip(low.parameters(), ref.parameters()):
+            q.copy_(p.float())
+        for b, c in zip(low.buffers(), ref.buffers()):
+            c.copy_(b.float())
+    kl, kl_ref = low.kl_divergence(), ref.kl_divergence()
+    assert kl.dtype == torch.float32 and math.isfinite(float(kl))
+    assert float(kl) == pytest.approx(float(kl_ref), rel=1e-6)
+    kl.backward()
+    grads = [p.grad for p in low.parameters() if p.grad is not None]
+    assert grads and all(g.dtype == dtype and bool(torch.isfinite(g).all()) for g in grads)
+
+
+def test_elbo_takes_any_integer_labels_and_refuses_bool():
+    model = nn.Sequential(vnn.MeanFieldLinear(3, 4))
+    elbo = vnn.ELBO(model, num_data=10)
+    x, y = torch.randn(6, 3), torch.tensor([0, 1, 2, 3, 1, 0])
+    out = model(x)
+    ref = float(torch.nn.functional.cross_entropy(out, y))
+    for dt in (torch.uint8, torch.int8, torch.int16, torch.int32):
+        assert float(elbo.likelihood.nll(out, y.to(dt)).mean()) == pytest.approx(ref, rel=1e-6)
+    with pytest.raises(ValueError, match="integer class indices, got dtype torch.bool"):
+        elbo(out, y > 1)

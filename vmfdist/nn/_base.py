@@ -45,6 +45,15 @@ def _check_mode(mode: str, name: str = "mode") -> str:
     return mode
 
 
+#: dtypes whose KL is computed in float32
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def full_precision(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """``t`` in float32 when it is float16 / bfloat16 (differentiably), else ``t`` itself."""
+    return t.float() if t is not None and t.dtype in LOW_PRECISION else t
+
+
 class _Prior(nn.Module):
     r"""A prior over one parameter tensor, stored so that ``state_dict`` restores it.
 
@@ -533,11 +542,24 @@ class _ScaledGaussianLayer(BayesianModule):
 
     def kl_divergence(self) -> torch.Tensor:
         """KL(q || prior) summed over weights and bias: closed form for a Gaussian prior, the
-        unbiased Monte Carlo estimate (``prior_kl_samples`` samples) otherwise."""
+        unbiased Monte Carlo estimate (``prior_kl_samples`` samples) otherwise.  A float16 /
+        bfloat16 layer's KL is computed and returned in float32 (a sum over many weights
+        overflows half precision)."""
+        if self.weight_mu.dtype in LOW_PRECISION:
+            q = self._posterior_from(full_precision(self.weight_mu), F.softplus(full_precision(self.weight_rho)))
+            kl = kl_to_prior(q, self.prior, self.weight_mu.shape, self.prior_kl_samples)
+            if self.bias_mu is not None:
+                qb = self._posterior_from(full_precision(self.bias_mu), F.softplus(full_precision(self.bias_rho)))
+                kl = kl + kl_to_prior(qb, self.bias_prior, self.bias_mu.shape, self.prior_kl_samples)
+            return kl
         kl = kl_to_prior(self.weight_posterior(), self.prior, self.weight_mu.shape, self.prior_kl_samples)
         if self.bias_mu is not None:
             kl = kl + kl_to_prior(self.bias_posterior(), self.bias_prior, self.bias_mu.shape, self.prior_kl_samples)
         return kl
+
+    def _posterior_from(self, loc: torch.Tensor, scale: torch.Tensor) -> Distribution:
+        """The posterior family at ``(loc, scale)`` (the subclass's; used for the full-precision KL)."""
+        raise NotImplementedError
 
     def point_weights(self, use):
         return self.weight_mu, self.bias_mu

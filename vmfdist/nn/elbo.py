@@ -45,7 +45,7 @@ class Categorical(Likelihood):
     dimension), ``target`` ``(B,)`` class indices."""
 
     def nll(self, output, target):
-        if target.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        if target.dtype.is_floating_point or target.is_complex() or target.dtype == torch.bool:
             raise ValueError(f"target: Categorical needs integer class indices, got dtype {target.dtype}")
         if output.dim() < 2 or output.shape[-2:-1] != target.shape[-1:] or output.dim() - target.dim() not in (1, 2):
             raise ValueError(f"output of shape {tuple(output.shape)} does not fit target of shape "
@@ -55,7 +55,7 @@ class Categorical(Likelihood):
             raise ValueError(f"target: class indices must lie in [0, {c}), got range "
                              f"[{int(target.min())}, {int(target.max())}]")
         logp = F.log_softmax(output, dim=-1)
-        t = target.expand(output.shape[:-1])
+        t = target.long().expand(output.shape[:-1])  # any integer dtype (uint8 labels included)
         return -logp.gather(-1, t.unsqueeze(-1)).squeeze(-1)
 
 

@@ -23,7 +23,8 @@ from torch.distributions import Independent, Normal
 
 from .. import _torch_internals as internals
 from ..distributions import meanfield_kl, meanfield_sample, meanfield_sample_kl
-from ._base import _ConvOps, _LinearOps, _ScaledGaussianLayer, _conv_repr, _conv_setup, _linear_setup
+from ._base import (LOW_PRECISION, _ConvOps, _LinearOps, _ScaledGaussianLayer, _conv_repr, _conv_setup, _linear_setup,
+                    full_precision)
 
 __all__ = ["MeanFieldLinear", "MeanFieldConv2d"]
 
@@ -41,6 +42,9 @@ class _MeanField(_ScaledGaussianLayer):
         self._init_scale_parameters(wshape, bias, sigma_init, prior, bias_prior, 16, device, dtype)
 
     # ---- posterior --------------------------------------------------------------
+    def _posterior_from(self, loc, scale):
+        return Independent(Normal(loc, scale, validate_args=False), loc.dim(), validate_args=False)
+
     def weight_posterior(self):
         """``Independent(Normal(weight_mu, softplus(weight_rho)), weight.dim())``."""
         return Independent(Normal(self.weight_mu, self.weight_sigma, validate_args=False), self.weight_mu.dim(),
@@ -99,7 +103,8 @@ class _MeanField(_ScaledGaussianLayer):
     def _kl_in_forward(self):
         """Whether the sampling forward pass computes the KL too: when it will be differentiated
         (grad mode, trainable rho), outside torch.compile (and for priors the fused op takes)."""
-        return torch.is_grad_enabled() and self.weight_rho.requires_grad and not torch.compiler.is_compiling()
+        return torch.is_grad_enabled() and self.weight_rho.requires_grad and not torch.compiler.is_compiling() \
+            and self.weight_rho.dtype not in LOW_PRECISION  # (a half-precision KL is computed in float32)
 
     def kl_divergence(self):
         """KL(q || prior) summed over weights and bias.  For Gaussian priors whose parameters
@@ -115,9 +120,10 @@ class _MeanField(_ScaledGaussianLayer):
         if kl is not None:
             return kl
         (m, s), (mb, sb) = priors
-        kl = meanfield_kl(self.weight_mu, self.weight_rho, m, s, validate_args=False)
+        up = full_precision  # float16 / bfloat16: the KL in float32
+        kl = meanfield_kl(up(self.weight_mu), up(self.weight_rho), up(m), up(s), validate_args=False)
         if self.bias_mu is not None:
-            kl = kl + meanfield_kl(self.bias_mu, self.bias_rho, mb, sb, validate_args=False)
+            kl = kl + meanfield_kl(up(self.bias_mu), up(self.bias_rho), up(mb), up(sb), validate_args=False)
         return kl
 
     # ---- estimators --------------------------------------------------------------

@@ -28,7 +28,8 @@ from torch.distributions import Chi2
 
 from ..distributions import Radial, radial_noise
 from ..distributions.kl import kl_radial_normal_softplus
-from ._base import _ConvOps, _LinearOps, _ScaledGaussianLayer, _conv_repr, _conv_setup, _linear_setup, kl_to_prior
+from ._base import (LOW_PRECISION, _ConvOps, _LinearOps, _ScaledGaussianLayer, _conv_repr, _conv_setup, _linear_setup,
+                    full_precision, kl_to_prior)
 from .meanfield import _fusable
 
 __all__ = ["RadialLinear", "RadialConv2d"]
@@ -41,6 +42,9 @@ class _Radial(_ScaledGaussianLayer):
         if not isinstance(prior_kl_samples, int) or prior_kl_samples < 1:
             raise ValueError(f"prior_kl_samples must be a positive int, got {prior_kl_samples!r}")
         self._init_scale_parameters(wshape, bias, sigma_init, prior, bias_prior, prior_kl_samples, device, dtype)
+
+    def _posterior_from(self, loc, scale):
+        return Radial(loc, scale, validate_args=False)
 
     def weight_posterior(self) -> Radial:
         """``Radial(weight_mu, softplus(weight_rho))`` over the whole kernel."""
@@ -67,7 +71,9 @@ class _Radial(_ScaledGaussianLayer):
         if self.bias_mu is not None:
             kb = _radial_gaussian_kl(self.bias_mu, self.bias_rho, self.bias_prior)
             if kb is None:
-                kb = kl_to_prior(self.bias_posterior(), self.bias_prior, self.bias_mu.shape, self.prior_kl_samples)
+                qb = self.bias_posterior() if self.bias_mu.dtype not in LOW_PRECISION else self._posterior_from(
+                    full_precision(self.bias_mu), F.softplus(full_precision(self.bias_rho)))
+                kb = kl_to_prior(qb, self.bias_prior, self.bias_mu.shape, self.prior_kl_samples)
             kl = kl + kb
         return kl
 
@@ -76,7 +82,10 @@ def _radial_gaussian_kl(mu, rho, prior):
     r"""KL(Radial(mu, softplus(rho)) || prod_i N(m_i, s_i^2)) for a prior the fused mean-field KL
     takes (None otherwise): :func:`~vmfdist.distributions.kl.kl_radial_normal_softplus`."""
     fused = _fusable(mu, prior)
-    return None if fused is None else kl_radial_normal_softplus(mu, rho, *fused)
+    if fused is None:
+        return None
+    up = full_precision  # float16 / bfloat16: the KL in float32
+    return kl_radial_normal_softplus(up(mu), up(rho), *(up(t) for t in fused))
 
 
 class RadialLinear(_LinearOps, _Radial):

@@ -64,7 +64,7 @@ from torch.distributions import Distribution, Gamma, Independent, InverseGamma, 
 from .. import special
 from ..distributions import HypersphericalUniform, VonMisesFisher, vmf_sample
 from ..distributions.kl import kl_lognormal_gamma, kl_lognormal_inverse_gamma, kl_vmf_uniform, kl_vmf_vmf
-from ._base import (BayesianModule, _ConvOps, _LinearOps, _Prior, _conv_repr, _conv_setup, _linear_setup,
+from ._base import (BayesianModule, _ConvOps, _LinearOps, _Prior, _conv_repr, _conv_setup, _linear_setup, full_precision,
                     _softplus_inv, kl_normal_to_prior)
 
 __all__ = ["RDPLinear", "RDPConv2d", "RDPPosterior", "concentration_for_mean_length"]
@@ -282,8 +282,10 @@ class _RDPFactor(nn.Module):
 
     def kl_divergence(self):
         """KL of the G directions and the four radius factors (closed forms, one fused derivative)."""
-        return _FactorKL.apply(self.log_concentration, self.local_radius, self.global_radius, self.prior_concentration,
-                               self.tau_local, self.tau_global, self.dim, self.direction_prior == "uniform")
+        up = full_precision  # float16 / bfloat16: the KL in float32
+        return _FactorKL.apply(up(self.log_concentration), up(self.local_radius), up(self.global_radius),
+                               up(self.prior_concentration), up(self.tau_local), up(self.tau_global), self.dim,
+                               self.direction_prior == "uniform")
 
     def extra_repr(self):
         return f"groups={self.num_groups}, dim={self.dim}"
@@ -435,7 +437,8 @@ class _RDP(BayesianModule):
         grouping, and the Gaussian bias."""
         kl = sum(f.kl_divergence() for _, f in self._factors())
         if self.bias_mu is not None:
-            kl = kl + kl_normal_to_prior(self.bias_mu, F.softplus(self.bias_rho), self.bias_prior, 16)
+            kl = kl + kl_normal_to_prior(full_precision(self.bias_mu), F.softplus(full_precision(self.bias_rho)),
+                                         self.bias_prior, 16)
         return kl
 
     def point_weights(self, use):
