@@ -27,12 +27,13 @@ TIMEOUT_FAST = 240
 TIMEOUT_SLOW = 3600
 
 
-def _run(group: str, examples: int, timeout: float) -> None:
+def _run(group: str, examples: int, timeout: float, worker: str = "tests.fuzz_worker") -> str:
+    """Run one case group of ``worker`` in a subprocess; its last output line (the counts)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("OMP_NUM_THREADS", "1")
     try:
-        proc = subprocess.run([sys.executable, "-m", "tests.fuzz_worker", group, str(examples)], cwd=ROOT, env=env,
+        proc = subprocess.run([sys.executable, "-m", worker, group, str(examples)], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         tail = (e.stdout or b"")[-2000:] if isinstance(e.stdout, bytes) else (e.stdout or "")[-2000:]
@@ -40,6 +41,7 @@ def _run(group: str, examples: int, timeout: float) -> None:
     if proc.returncode != 0:
         pytest.fail(f"fuzz group {group!r} failed (return code {proc.returncode}):\n"
                     f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
+    return proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
 
 
 @pytest.mark.parametrize("group,examples", [(g, n) for g, n, _ in GROUPS])

@@ -13,7 +13,7 @@ neither.  The rooms:
 * :mod:`~vmfdist.curvature.layers` -- which modules carry factors and how their inputs and
   output gradients are laid out.
 """
-from .collect import (FISHER_TYPES, KFAC_APPROX, LIKELIHOODS, KFACCollector, batch_nll, canonical_fisher_type,
+from .collect import (FISHER_TYPES, KFAC_APPROX, LIKELIHOODS, KFACCollector, batch_nll, batch_rows, canonical_fisher_type,
                       check_choice, check_output, check_targets, factor_rows, gradient_factor, input_factor, output_gradients,
                       per_example_second_moments, resolve_loss)
 from .eigen import (damped_kfac_eigenvalues, damped_kfac_factors, eigen_basis, kfac_eigenvalues, require_finite,
@@ -25,7 +25,7 @@ from .layers import (SUPPORTED_LAYERS, TRANSPOSED_CONVS, check_layer, find_layer
 
 __all__ = [
     "compute_kfac", "KFACResult", "KroneckerFactor", "KFACCollector", "output_gradients", "input_factor",
-    "gradient_factor", "factor_rows", "per_example_second_moments", "batch_nll", "resolve_loss", "check_targets", "check_output",
+    "gradient_factor", "factor_rows", "per_example_second_moments", "batch_nll", "batch_rows", "resolve_loss", "check_targets", "check_output",
     "check_choice", "canonical_fisher_type", "FISHER_TYPES", "KFAC_APPROX", "LIKELIHOODS",
     "eigen_basis", "symmetrise", "trace_norm_pi", "kfac_eigenvalues", "damped_kfac_eigenvalues",
     "damped_kfac_factors", "running_average_weight", "require_finite", "SUPPORTED_LAYERS", "TRANSPOSED_CONVS", "find_layers",

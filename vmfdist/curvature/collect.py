@@ -17,7 +17,7 @@ from torch import nn
 from .layers import input_patches, output_grads
 
 __all__ = ["FISHER_TYPES", "KFAC_APPROX", "LIKELIHOODS", "check_choice", "canonical_fisher_type", "resolve_loss",
-           "check_targets", "check_output", "batch_nll", "output_gradients", "KFACCollector", "input_factor", "gradient_factor",
+           "check_targets", "check_output", "batch_rows", "batch_nll", "output_gradients", "KFACCollector", "input_factor", "gradient_factor",
            "factor_rows", "per_example_second_moments"]
 
 #: ``fisher_type`` values (curvlinops' names; ``"ggn"`` and ``"type2"`` are aliases of ``"type-2"``)
@@ -146,6 +146,16 @@ def check_output(output) -> torch.Tensor:
         shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
         raise ValueError(f"the model must return a (batch, outputs) tensor, got {shape}")
     return output
+
+
+def batch_rows(inputs, targets) -> int:
+    """The number of examples of a batch, with ``targets`` (if a tensor) checked to hold one row per
+    example (``ValueError`` naming ``targets`` otherwise)."""
+    B = inputs.shape[0] if isinstance(inputs, torch.Tensor) and inputs.dim() > 0 else None
+    if B is not None and isinstance(targets, torch.Tensor) and (targets.dim() == 0 or targets.shape[0] != B):
+        raise ValueError(f"targets must hold one row per example: the inputs have {B}, the targets have shape "
+                         f"{tuple(targets.shape)}")
+    return B
 
 
 def batch_nll(output: torch.Tensor, target: torch.Tensor, likelihood: str, sigma_noise: float = 1.0) -> torch.Tensor:

@@ -46,7 +46,7 @@ from typing import Dict, Iterable, Optional
 import torch
 from torch import nn
 
-from .collect import (FISHER_TYPES, KFAC_APPROX, KFACCollector, batch_nll, check_choice, gradient_factor,
+from .collect import (FISHER_TYPES, KFAC_APPROX, KFACCollector, batch_nll, batch_rows, check_choice, gradient_factor,
                       input_factor, per_example_second_moments, resolve_loss)
 from .eigen import require_finite
 from .factor import KroneckerFactor
@@ -179,6 +179,8 @@ def _factor_pass(model, data, collector, layers, options, kfac_approx, loss_func
     G = {n: None for n in layers}
     seen, loss, gen, state, outputs = 0, None, None, None, None
     for X, y in data:
+        if batch_rows(X, y) == 0:
+            continue  # an empty batch adds nothing
         if gen is None:
             gen = _label_generator(generator, seed, X)
             state = None if gen is None else gen.get_state()
@@ -211,6 +213,8 @@ def _moments_pass(model, data, collector, factors, options, generator, seed, lab
     S = {n: None for n in factors}
     gen = None
     for X, y in data:
+        if batch_rows(X, y) == 0:
+            continue
         if gen is None:
             gen = _label_generator(generator, seed, X)
             if gen is not None and label_state is not None:

@@ -413,18 +413,21 @@ class _InProcess:
 
 def run(args) -> dict:
     names = args.datasets or list_datasets(args.data_dir)
+    if not names:
+        raise ValueError(f"--data-dir {args.data_dir!r} holds no UCI data set; it should be {DATA_HELP}")
     methods = args.methods or [m for m in ALL_METHODS if m in METHODS]
     for m in methods:
         if m not in ALL_METHODS:
-            raise SystemExit(f"--methods: unknown method {m!r}; choose from {', '.join(ALL_METHODS)}")
+            raise ValueError(f"--methods: unknown method {m!r}; choose from {', '.join(ALL_METHODS)}")
         if m not in METHODS:
-            raise SystemExit(f"--methods: {m!r} is not available in this version (available: {', '.join(METHODS)})")
+            raise ValueError(f"--methods: {m!r} is not available in this version (available: {', '.join(METHODS)})")
     if args.epochs is not None and args.epochs < 1:
-        raise SystemExit(f"--epochs must be positive, got {args.epochs}")
+        raise ValueError(f"--epochs must be positive, got {args.epochs}")
     jobs = getattr(args, "jobs", None)
     jobs = (os.cpu_count() or 1) if jobs is None else jobs
     if jobs < 1:
-        raise SystemExit(f"--jobs must be positive, got {jobs}")
+        raise ValueError(f"--jobs must be positive, got {jobs}")
+    parse_splits(args.splits, 2 ** 31)  # the syntax, before anything is read
     overrides = parse_settings(getattr(args, "set", None))
     validation = bool(getattr(args, "validation", False))
     _common.prepare_out(args.out)  # before any training

@@ -16,7 +16,7 @@ from typing import Dict, List, Optional
 import torch
 from torch import nn
 
-from ..curvature import (TRANSPOSED_CONVS, KFACCollector, KroneckerFactor, check_layer, output_grads, per_example_second_moments,
+from ..curvature import (TRANSPOSED_CONVS, KFACCollector, KroneckerFactor, batch_rows, check_layer, output_grads, per_example_second_moments,
                          require_finite)
 
 SUPPORTED = (nn.Linear, nn.Conv2d)
@@ -284,6 +284,8 @@ def collect_block_moments(model: nn.Module, blocks: List[Block], factors: List[K
         by_name.setdefault(b.module_name, []).append((b, f))
     with KFACCollector(layers) as collector, torch.enable_grad():
         for X, y in batches:
+            if batch_rows(X, y) == 0:
+                continue
             _, stats = collector.collect(model, X, y, likelihood, fisher_type, params, mc_samples=mc_samples,
                                          generator=generator)
             for name, (a_full, gs) in stats.items():

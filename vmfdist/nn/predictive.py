@@ -59,7 +59,7 @@ def predict(model: torch.nn.Module, x: torch.Tensor, num_samples: int = 32, like
     likelihood = Categorical() if likelihood is None else likelihood
     if not (isinstance(num_samples, int) and not isinstance(num_samples, bool) and num_samples >= 1):
         raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
-    rows = num_samples * (x.shape[0] if isinstance(x, torch.Tensor) and x.dim() else 1)
+    rows = num_samples * max(x.shape[0] if isinstance(x, torch.Tensor) and x.dim() else 1, 1)  # (an empty x too)
     if rows > 2 ** 31:  # the predictive holds one output row per sample and example
         raise ValueError(f"num_samples x batch = {rows} exceeds 2**31 output rows; use fewer samples or a smaller batch")
     if isinstance(x, torch.Tensor) and x.is_floating_point() and not bool(torch.isfinite(x).all()):
