@@ -509,3 +509,14 @@ def test_tied_weights_are_refused_by_name(cls):
 
     with pytest.raises(ValueError, match=r"module 'emb' \(Embedding\) shares a parameter with layer 'head'"):
         cls(Tied(), 10, "classification")
+
+
+def test_half_precision_models_are_refused_by_name():
+    """A float16 model used to fail inside eigh ("not implemented for 'Half'") after a step had started."""
+    from vmfdist.laplace import KFACLaplace
+    m = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).half()
+    for cls in (NoisyKFAC, NoisyEKFAC):
+        with pytest.raises(ValueError, match=r"layer '0' has dtype torch.float16; .* float32 or float64"):
+            cls(m, 10, "classification")
+    with pytest.raises(ValueError, match=r"parameter '0.weight' has dtype torch.float16"):
+        KFACLaplace(m, "classification")

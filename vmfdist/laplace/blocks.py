@@ -107,6 +107,9 @@ def find_blocks(model: nn.Module, separate_weight_and_bias: bool, owner: str, mo
             continue
         mname, mod, pname = owner_of[id(p)]
         check_module(mname or "<model>", mod, owner)
+        if p.dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"{owner}: parameter '{mname}.{pname}' has dtype {p.dtype}; the Kronecker factors and their "
+                             "eigenbases need float32 or float64 (fit the approximation on model.float())")
         out_dim = mod.weight.shape[0]
         in_dim = mod.weight[0].numel()
         if separate_weight_and_bias or pname == "bias" and not mod.weight.requires_grad \

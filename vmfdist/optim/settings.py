@@ -91,6 +91,10 @@ def trained_layers(model: torch.nn.Module, modules=None) -> Dict[str, torch.nn.M
             raise ValueError(f"layer {label!r} has a {'frozen' if w else 'trainable'} bias and a "
                              f"{'trainable' if w else 'frozen'} weight; the optimizer trains [W | b] as one matrix: "
                              "freeze both or neither")
+        if mod.weight.dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"layer {label!r} has dtype {mod.weight.dtype}; the noisy optimizers keep Kronecker factors "
+                             "and eigenbases in the layers' dtype, which must be float32 or float64 (train in float32, "
+                             "with torch.autocast for half-precision speed)")
         if not w:
             if modules is not None:
                 raise ValueError(f"modules: layer {label!r} is frozen (requires_grad=False); unfreeze it or leave it "
