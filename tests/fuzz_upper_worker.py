@@ -148,10 +148,11 @@ def optim(n):
     @given(st.sampled_from([NoisyKFAC, NoisyEKFAC]), st.sampled_from(["classification", "regression"]),
            st.integers(0, 10 ** 6), st.integers(1, 5), st.integers(1, 6), st.integers(2, 4), st.booleans(),
            st.sampled_from([1, 2]), st.sampled_from(["mc", "empirical", "type-2"]), TARGET_KINDS, INPUT_KINDS,
-           st.sampled_from([0.0, 1e-4, 0.01, 1.0, -1.0, math.nan]), st.sampled_from(["none", "frozen", "tied"]))
-    def prop(cls, likelihood, seed, d, hidden, K, extra, particles, fisher, tkind, xkind, lr, layers):
+           st.sampled_from([0.0, 1e-4, 0.01, 1.0, -1.0, math.nan]), st.sampled_from(["none", "frozen", "tied"]),
+           st.sampled_from([torch.float64, torch.float64, torch.float32, torch.float16]))
+    def prop(cls, likelihood, seed, d, hidden, K, extra, particles, fisher, tkind, xkind, lr, layers, dtype):
         g = torch.Generator().manual_seed(seed)
-        model = _mlp(seed, d, hidden, K, extra)
+        model = _mlp(seed, d, hidden, K, extra, dtype)
         if layers == "frozen":
             model[-1].requires_grad_(False)
         elif layers == "tied" and hidden == K:
@@ -159,16 +160,17 @@ def optim(n):
         what = f"{cls.__name__} {likelihood} seed={seed} d={d} h={hidden} K={K} extra={extra} P={particles} " \
                f"{fisher} targets={tkind} x={xkind} lr={lr} layers={layers}"
         opt = None
-        with case(["lr", "tied", "share", "frozen"], what + " (constructor)"):
+        what += f" {dtype}"
+        with case(["lr", "tied", "share", "frozen", "dtype"], what + " (constructor)"):
             opt = cls(model, 50, likelihood, seed=seed, particles=particles, fisher_type=fisher, lr=lr, T_stats=1,
                       T_inv=2, T_scale=1)
         if opt is None:
             return
         B = 4 * particles
-        X, y = _inputs("good", B, d, g), _targets("good", likelihood, B, K, g)
-        loss = opt.step(X, y)  # a good step first, so that a bad one has state to lose
+        X, y = _inputs("good", B, d, g).to(dtype), _targets("good", likelihood, B, K, g)
+        loss = opt.step(X, y.to(dtype) if y.is_floating_point() else y)  # a good step first, so that a bad one has state to lose
         _finite(loss, what + " (good step)")
-        xb, yb = _inputs(xkind, B, d, g), _targets(tkind, likelihood, B, K, g)
+        xb, yb = _inputs(xkind, B, d, g).to(dtype), _targets(tkind, likelihood, B, K, g)
         snap = _snapshot(model, opt)
         raised = True
         with case(["targets", "inputs", "labels", "class", "non-finite", "batch", "shape", "input"], what):
