@@ -246,7 +246,11 @@ def nn_layers(n):
     def prop(kind, seed, d, K, dtype, meta, tkind, num_samples, xkind, metric_input):
         g = torch.Generator().manual_seed(seed)
         what = f"{kind} seed={seed} d={d} K={K} {dtype} meta={meta} targets={tkind} S={num_samples} x={xkind}"
-        layer = kinds[kind](d, K, device="meta" if meta else None, dtype=dtype)
+        layer = None
+        with case(["grouping", "in_features", "out_features"], what + " (constructor)"):
+            layer = kinds[kind](d, K, device="meta" if meta else None, dtype=dtype)
+        if layer is None:
+            return
         devices = {t.device.type for t in list(layer.parameters()) + list(layer.buffers())}
         if devices != {"meta" if meta else "cpu"}:
             fail(f"{what}: parameters and buffers on {devices}")
