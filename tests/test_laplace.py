@@ -663,7 +663,7 @@ def test_a_failed_fit_leaves_the_approximation_as_it_was(cls):
     la.fit(_loader(X, y))
     before = (float(la.log_marginal_likelihood()), la(X[:5]).clone(), la.n_data, la.loss.clone())
     bad_shape = [(X[:16], y[:16]), (X[16:32], y[16:32]), (X[32:35], y[32:34])]
-    with pytest.raises(ValueError, match="classification targets must have shape"):
+    with pytest.raises(ValueError, match="targets must hold one row per example"):
         la.fit(bad_shape)
     X_nan = X.clone()
     X_nan[-1, 0] = float("nan")

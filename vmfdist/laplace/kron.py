@@ -49,7 +49,7 @@ from .blocks import (Block, ParameterLayout, collect_block_moments, find_blocks,
 from .precision import KroneckerPrecision, checked_prior_mean, checked_prior_precision, checked_sigma_noise
 from .predictive import empty_predictive, glm_samples, glm_terms, link, validation_loss
 
-__all__ = ["KFACLaplace", "EKFACLaplace", "Laplace"]
+__all__ = ["KFACLaplace", "EKFACLaplace"]
 
 _PRED_TYPES = ("glm", "nn")
 _LINK_APPROX = ("probit", "mc", "bridge", "bridge_norm")
@@ -669,6 +669,12 @@ class KFACLaplace(_KroneckerLaplace):
         separate_weight_and_bias: weights and biases in separate blocks (default, as
             laplace-torch); ``False`` gives one block per layer with the bias as an appended
             input of 1 (Ritter et al.).
+        modules: the layers covered (modules or names); the other parameters stay at their values.
+
+    Supported: ``nn.Linear`` / ``nn.Conv2d`` (groups 1, zero padding) parameters in float32 or
+    float64; tied parameters, other trainable modules and float16 are refused by name.  ``fit``
+    takes ``(inputs, targets)`` batches (class indices in ``[0, outputs)``, or targets of the
+    output's shape); empty batches are skipped; a fit that raises changes nothing.
     """
 
 
@@ -681,18 +687,3 @@ class EKFACLaplace(_KroneckerLaplace):
     over the data."""
 
     _ekfac = True
-
-
-def Laplace(model: torch.nn.Module, likelihood: str, subset_of_weights: str = "all", hessian_structure: str = "kron",
-            **kwargs) -> _KroneckerLaplace:
-    """laplace-torch's factory: ``hessian_structure="kron"`` gives :class:`KFACLaplace`,
-    ``"ekfac"`` :class:`EKFACLaplace`; ``subset_of_weights`` must be ``"all"`` (restrict layers
-    with ``modules=`` instead).  Other structures (``"full"``, ``"diag"``, ``"lowrank"``) are
-    laplace-torch's, not offered here."""
-    if subset_of_weights != "all":
-        raise ValueError(f"subset_of_weights={subset_of_weights!r} is not supported (only 'all'); pass modules=[...] "
-                         f"to cover chosen layers")
-    classes = {"kron": KFACLaplace, "ekfac": EKFACLaplace}
-    if hessian_structure not in classes:
-        raise ValueError(f"hessian_structure must be one of {tuple(classes)}, got {hessian_structure!r}")
-    return classes[hessian_structure](model, likelihood, **kwargs)

@@ -144,25 +144,37 @@ def nll(pred, y) -> torch.Tensor:
 
 def log_likelihood(pred, y, y_mean: float = 0.0, y_std: float = 1.0) -> torch.Tensor:
     r"""Mean test log-likelihood on the *original* target scale, for a predictive over
-    standardised targets :math:`(y - \bar y)/s`: :math:`\log p(y) = \log p_{std}((y - \bar y)/s) - \log s`."""
+    standardised targets :math:`(y - \bar y)/s`: :math:`\log p(y) = \log p_{std}((y - \bar y)/s) - \log s`.
+    ``pred``: a regression predictive of :func:`predict`; ``y``: targets of its batch shape;
+    ``y_mean``, ``y_std`` (positive): the standardisation."""
     if not y_std > 0:
         raise ValueError(f"y_std must be positive, got {y_std!r}")
     return (pred.log_prob((y - y_mean) / y_std) - math.log(y_std)).mean()
 
 
 def rmse(pred, y, y_mean: float = 0.0, y_std: float = 1.0) -> torch.Tensor:
-    """Root mean squared error of the predictive mean, on the original scale."""
+    """Root mean squared error of the predictive mean, on the original scale.  ``pred``: a
+    regression predictive of :func:`predict`; ``y``: targets of its batch shape; ``y_mean``,
+    ``y_std``: the standardisation of the targets the predictive is over."""
     return ((pred.mean * y_std + y_mean - y).pow(2).mean()).sqrt()
 
 
 def accuracy(pred, y) -> torch.Tensor:
+    """Fraction of examples whose most probable class is ``y``.  ``pred``: the :class:`PredictiveCategorical` of :func:`predict` (or any ``Categorical``), or a
+    floating tensor ``(..., classes)`` of probabilities (finite, in [0, 1], rows summing to 1; logits
+    are refused).  ``y``: integer class indices of ``pred``'s batch shape, in ``[0, classes)``."""
     p = _probs(pred)
     return (p.argmax(-1) == _labels(p, y)).to(p.dtype).mean()
 
 
 def calibration_bins(pred, y, num_bins: int = 15):
     """``(confidence, accuracy, count)`` per equal-width confidence bin on [0, 1] (empty bins
-    have confidence and accuracy 0): the data of a reliability diagram."""
+    have confidence and accuracy 0): the data of a reliability diagram.  ``pred``: the :class:`PredictiveCategorical` of :func:`predict` (or any ``Categorical``), or a
+    floating tensor ``(..., classes)`` of probabilities (finite, in [0, 1], rows summing to 1; logits
+    are refused).  ``y``: integer class indices of ``pred``'s batch shape, in ``[0, classes)``.
+    ``num_bins``: a positive int."""
+    if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 1:
+        raise ValueError(f"num_bins must be a positive int, got {num_bins!r}")
     p = _probs(pred)
     y = _labels(p, y)
     conf, guess = p.max(-1)
@@ -177,13 +189,17 @@ def calibration_bins(pred, y, num_bins: int = 15):
 
 def ece(pred, y, num_bins: int = 15) -> torch.Tensor:
     r"""Expected calibration error with ``num_bins`` equal-width bins (default 15):
-    :math:`\sum_b \frac{n_b}{n}|\mathrm{acc}_b - \mathrm{conf}_b|`."""
+    :math:`\sum_b \frac{n_b}{n}|\mathrm{acc}_b - \mathrm{conf}_b|`, in [0, 1].  ``pred``: the :class:`PredictiveCategorical` of :func:`predict` (or any ``Categorical``), or a
+    floating tensor ``(..., classes)`` of probabilities (finite, in [0, 1], rows summing to 1; logits
+    are refused).  ``y``: integer class indices of ``pred``'s batch shape, in ``[0, classes)``."""
     conf, acc, count = calibration_bins(pred, y, num_bins)
     return ((acc - conf).abs() * count).sum() / count.sum()
 
 
 def brier_score(pred, y) -> torch.Tensor:
-    r"""Mean over examples of :math:`\sum_c (p_c - 1[y = c])^2`."""
+    r"""Mean over examples of :math:`\sum_c (p_c - 1[y = c])^2`, in [0, 2].  ``pred``: the :class:`PredictiveCategorical` of :func:`predict` (or any ``Categorical``), or a
+    floating tensor ``(..., classes)`` of probabilities (finite, in [0, 1], rows summing to 1; logits
+    are refused).  ``y``: integer class indices of ``pred``'s batch shape, in ``[0, classes)``."""
     p = _probs(pred)
     onehot = F.one_hot(_labels(p, y), p.shape[-1]).to(p.dtype)
     return (p - onehot).pow(2).sum(-1).mean()
@@ -194,13 +210,15 @@ def _entropy(p):
 
 
 def predictive_entropy(pred) -> torch.Tensor:
-    """Entropy of the averaged class probabilities, per example."""
+    """Entropy of the averaged class probabilities, per example (nats).  ``pred``: as for
+    :func:`accuracy`."""
     return _entropy(_probs(pred))
 
 
 def mutual_information(pred: PredictiveCategorical) -> torch.Tensor:
     r"""Mutual information between the label and the weights (BALD), per example:
-    :math:`H[\bar p] - \frac1S\sum_s H[p_s]`."""
+    :math:`H[\bar p] - \frac1S\sum_s H[p_s]`.  ``pred``: the :class:`PredictiveCategorical` of
+    :func:`predict` (it keeps the per-sample probabilities)."""
     if not isinstance(pred, PredictiveCategorical):
         raise TypeError("mutual_information needs the per-sample probabilities: pass the result of predict()")
     return _entropy(pred.probs) - _entropy(pred.sample_probs).mean(0)

@@ -664,6 +664,19 @@ class NoisyKFAC(_NoisyKroneckerOptimizer):
         other_optimizer, other_lr: ``"adam"`` (lr 1e-3) or ``"sgd"`` (lr ``lr``) for the other
             parameters.
         seed: the weight-noise and label stream (default: drawn from torch's global generator).
+        preset: ``"uci"`` or ``"classification"`` (:data:`PRESETS`; default by ``likelihood``); the
+            hyper-parameters given explicitly override it.
+        min_eigenvalue: clamp for the factors' eigenvalues (default 0).
+        modules: the layers to train (modules or names; default every trainable ``nn.Linear`` /
+            ``nn.Conv2d``; other trainable parameters go to ``other_optimizer``).
+
+    Supported models: ``nn.Linear`` and ``nn.Conv2d`` layers (groups 1, zero padding) in float32 or
+    float64; a frozen layer is left alone; half-frozen layers, tied parameters and float16 models
+    are refused by name.  ``step(inputs, targets)``: ``inputs`` a batch the model takes (the first
+    dimension is the batch, divisible by ``particles``), ``targets`` one row per example -- class
+    indices in ``[0, outputs)`` for classification, the output's shape (or ``(batch,)`` for one
+    output) for regression.  A step that raises changes nothing.  The learning rate is
+    ``param_groups[0]["lr"]`` (LR schedulers work).
 
     Use ``loss = opt.step(x, y)`` per batch (it samples, runs forward and backward itself).
     """
@@ -673,5 +686,6 @@ class NoisyKFAC(_NoisyKroneckerOptimizer):
 class NoisyEKFAC(_NoisyKroneckerOptimizer):
     """Noisy EK-FAC (Bae et al. 2018): an eigenvalue-corrected matrix-normal posterior per layer.
     Arguments as :class:`NoisyKFAC`, plus ``beta_scale`` (:math:`\\beta'`), ``T_scale`` (re-scaling
-    update interval) and ``T_reinit`` (re-initialise :math:`S` from the K-FAC eigenvalues)."""
+    update interval) and ``T_reinit`` (re-initialise :math:`S` from the K-FAC eigenvalues); the
+    supported models and batches are :class:`NoisyKFAC`'s."""
     _ekfac = True
