@@ -1109,6 +1109,8 @@ def test_layers_honour_device_for_every_parameter_and_buffer(make):
     stay on the CPU, and RDP layers could not be built at all."""
     m = make(device="meta")
     assert {t.device.type for t in list(m.parameters()) + list(m.buffers())} == {"meta"}
+    d = make(dtype=torch.float64)  # and dtype=: the priors' buffers too (they stayed float32)
+    assert {t.dtype for t in list(d.parameters()) + list(d.buffers()) if t.is_floating_point()} == {torch.float64}
     real = m.to_empty(device="cpu")
     assert {t.device.type for t in list(real.parameters()) + list(real.buffers())} == {"cpu"}
 

@@ -69,11 +69,11 @@ class _Prior(nn.Module):
     :class:`~vmfdist.distributions.radial.Radial` over the whole tensor) is used as it is.
     """
 
-    def __init__(self, prior, name: str = "prior", device=None):
+    def __init__(self, prior, name: str = "prior", device=None, dtype=None):
         super().__init__()
         self._init(prior, name)
-        if device is not None:  # the layer's device= (meta included): the prior's buffers live there too
-            self.to(device)
+        if device is not None or dtype is not None:  # the layer's device= (meta included) and dtype=
+            self.to(device=device, dtype=dtype)
 
     def _init(self, prior, name: str) -> None:
         if prior is None:
@@ -527,8 +527,8 @@ class _ScaledGaussianLayer(BayesianModule):
         else:
             self.register_parameter("bias_mu", None)
             self.register_parameter("bias_rho", None)
-        self.prior = _Prior(prior, "prior", device=device)
-        self.bias_prior = _Prior(prior if bias_prior is None else bias_prior, "bias_prior", device=device)
+        self.prior = _Prior(prior, "prior", device=device, dtype=dtype)
+        self.bias_prior = _Prior(prior if bias_prior is None else bias_prior, "bias_prior", device=device, dtype=dtype)
         self.prior_kl_samples = prior_kl_samples
         nn.init.kaiming_normal_(self.weight_mu, nonlinearity="relu")
 

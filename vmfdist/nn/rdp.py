@@ -368,7 +368,7 @@ class _RDP(BayesianModule):
         else:
             self.register_parameter("bias_mu", None)
             self.register_parameter("bias_rho", None)
-        self.bias_prior = _Prior(bias_prior, "bias_prior", device=device)
+        self.bias_prior = _Prior(bias_prior, "bias_prior", device=device, dtype=dtype)
 
     def _set_factors(self, w):
         """(Re)initialise the factors so that the posterior mean of W is ``w``."""
