@@ -50,7 +50,8 @@ from .meanfield import meanfield_kl
 from .radial import Radial
 from .von_mises_fisher import HypersphericalUniform, VonMisesFisher, log_sphere_area, vmf_log_normalizer
 
-__all__ = []
+__all__ = ["kl_diag_normal", "kl_radial_normal", "kl_radial_normal_softplus", "kl_vmf_vmf", "kl_vmf_uniform",
+           "kl_lognormal_gamma", "kl_lognormal_inverse_gamma"]
 
 
 

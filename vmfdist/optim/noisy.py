@@ -664,7 +664,7 @@ class NoisyKFAC(_NoisyKroneckerOptimizer):
         other_optimizer, other_lr: ``"adam"`` (lr 1e-3) or ``"sgd"`` (lr ``lr``) for the other
             parameters.
         seed: the weight-noise and label stream (default: drawn from torch's global generator).
-        preset: ``"uci"`` or ``"classification"`` (:data:`PRESETS`; default by ``likelihood``); the
+        preset: ``"uci"`` or ``"classification"`` (``PRESETS``; default by ``likelihood``); the
             hyper-parameters given explicitly override it.
         min_eigenvalue: clamp for the factors' eigenvalues (default 0).
         modules: the layers to train (modules or names; default every trainable ``nn.Linear`` /
