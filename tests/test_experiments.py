@@ -476,3 +476,13 @@ def test_an_interrupted_run_keeps_the_seeds_it_finished(tmp_path, monkeypatch):
         cli.main(["laplace-calibration", "--seeds", "3", "--epochs", "1", "--out", str(tmp_path)])
     res = json.loads((tmp_path / "laplace_calibration.json").read_text())
     assert len(res["seeds"]) == 1 and res["partial"] is True and (tmp_path / "laplace_calibration.md").exists()
+
+
+def test_split_syntax_is_checked_without_enumerating():
+    """--splits is checked before any file is read, in constant memory (a syntax check that listed
+    range(2**31) exhausted the memory of a CI worker)."""
+    assert uci.split_bounds("3-7") == (3, 7) and uci.split_bounds("4") == (4, 4)
+    assert uci.parse_splits("0-10**9".replace("10**9", str(10 ** 9)), 5) == [0, 1, 2, 3, 4]
+    for bad in ("x", "5-2", "-1"):
+        with pytest.raises(ValueError, match="--splits"):
+            uci.split_bounds(bad)

@@ -303,9 +303,8 @@ ALL_METHODS = ["noisy-ekfac", "noisy-kfac", "bbb", "radial", "rdp", "kfac-laplac
 
 
 # ---- command -----------------------------------------------------------------------
-def parse_splits(text: Optional[str], n: int) -> List[int]:
-    if text is None:
-        return list(range(n))
+def split_bounds(text: str) -> Tuple[int, int]:
+    """``(A, B)`` of a ``--splits`` value ``A-B`` or ``A`` (``ValueError`` naming ``--splits``)."""
     try:
         if "-" in text:
             a, b = (int(t) for t in text.split("-", 1))
@@ -315,9 +314,18 @@ def parse_splits(text: Optional[str], n: int) -> List[int]:
         raise ValueError(f"--splits must look like A-B or A, got {text!r}") from None
     if not (0 <= a <= b):
         raise ValueError(f"--splits {text!r}: need 0 <= A <= B")
+    return a, b
+
+
+def parse_splits(text: Optional[str], n: int) -> List[int]:
+    """The splits ``--splits`` selects of a data set with ``n`` splits (all when ``None``); a range past
+    the last split stops there, one starting past it is refused."""
+    if text is None:
+        return list(range(n))
+    a, b = split_bounds(text)
     if a >= n:
         raise ValueError(f"--splits {text!r}: the data set has {n} splits (0-{n - 1})")
-    return [k for k in range(a, b + 1) if k < n]  # a range past the last split stops there
+    return list(range(a, min(b, n - 1) + 1))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -427,7 +435,8 @@ def run(args) -> dict:
     jobs = (os.cpu_count() or 1) if jobs is None else jobs
     if jobs < 1:
         raise ValueError(f"--jobs must be positive, got {jobs}")
-    parse_splits(args.splits, 2 ** 31)  # the syntax, before anything is read
+    if args.splits is not None:
+        split_bounds(args.splits)  # the syntax, before anything is read
     overrides = parse_settings(getattr(args, "set", None))
     validation = bool(getattr(args, "validation", False))
     _common.prepare_out(args.out)  # before any training
