@@ -9,11 +9,12 @@ curvature, and the per-batch statistics every consumer builds on.
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
+from .._torch_internals import grad
 from .layers import input_patches, output_grads
 
 __all__ = ["FISHER_TYPES", "KFAC_APPROX", "LIKELIHOODS", "check_choice", "canonical_fisher_type", "resolve_loss",
@@ -173,10 +174,6 @@ def batch_nll(output: torch.Tensor, target: torch.Tensor, likelihood: str, sigma
     return nll if sigma_noise == 1.0 else nll / sigma_noise ** 2
 
 
-def _public_grad(out, inputs, grad_out, retain):
-    return torch.autograd.grad(out, inputs, grad_outputs=grad_out, retain_graph=retain, allow_unused=True)
-
-
 class KFACCollector:
     """Records, per layer, the input of a forward pass and the gradients with respect to
     the layer output of one or more backward passes: the raw material of every K-FAC and
@@ -268,11 +265,10 @@ class KFACCollector:
         self.clear()
         return out, stats
 
-    def backward_to_outputs(self, out: torch.Tensor, grad_out: torch.Tensor, retain: bool,
-                            grad: Callable = _public_grad) -> None:
+    def backward_to_outputs(self, out: torch.Tensor, grad_out: torch.Tensor, retain: bool) -> None:
         """(``capture_outputs=True``) The gradients of ``out``, weighted by ``grad_out``, with respect
-        to every layer's captured output, appended to ``grads``.  ``grad(out, inputs, grad_out,
-        retain)`` computes them (default: ``torch.autograd.grad`` with ``allow_unused=True``)."""
+        to every layer's captured output, appended to ``grads`` (by ``vmfdist._torch_internals.grad``: the
+        autograd engine directly on the CPU, ``torch.autograd.grad`` elsewhere)."""
         outputs = self.outputs
         if len(outputs) != len(self.layers):
             missing = [n for n in self.layers if n not in outputs]

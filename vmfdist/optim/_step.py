@@ -1,7 +1,7 @@
 """The machinery under the noisy optimizers' step: the per-step random streams, the compiled
 Kronecker-eigenbasis ops called without an autograd graph, the running Gram update, and the
 step's plan and working data (see ``_NoisyKroneckerOptimizer.step``).  The compiled ops are
-:mod:`vmfdist.linalg`'s graph-free overloads, the autograd shortcuts ``vmfdist._torch_internals``'."""
+:mod:`vmfdist.linalg`'s graph-free overloads, below autograd by ``vmfdist._torch_internals``."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -9,14 +9,15 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from .._torch_internals import below_autograd, grad
+from .._torch_internals import below_autograd
+from ..curvature import batch_rows
 from ..linalg import kron_eigen_matvec_op as MATVEC
 from ..linalg import kron_eigen_moments_op as MOMENTS
 from ..linalg import kron_eigen_ngd_op as NGD
 from ..linalg import kron_eigen_sample_op as SAMPLE
 from ..random import random_kwargs
 
-__all__ = ["MIX_START", "MASK63", "mix64_state", "mix64", "below_autograd", "grad", "SAMPLE", "NGD", "MOMENTS",
+__all__ = ["MIX_START", "MASK63", "mix64_state", "mix64", "below_autograd", "SAMPLE", "NGD", "MOMENTS",
            "sample_now", "matvec_now", "running_gram", "dist_info", "StepPlan", "StepWork", "parameter_gradients",
            "check_batch", "checkpoint", "roll_back", "check_labels", "StateCache"]
 
@@ -138,12 +139,9 @@ def check_batch(inputs, targets, particles: int) -> int:
     if not isinstance(inputs, torch.Tensor) or not isinstance(targets, torch.Tensor):
         raise TypeError(f"inputs and targets must be tensors, got {type(inputs).__name__} and "
                         f"{type(targets).__name__}")
-    B = inputs.shape[0] if inputs.dim() > 0 else 0
+    B = batch_rows(inputs, targets) or 0  # (curvature's check: one target row per example)
     if B == 0:
         raise ValueError(f"inputs: the batch is empty (shape {tuple(inputs.shape)})")
-    if targets.dim() == 0 or targets.shape[0] != B:
-        raise ValueError(f"targets must hold one row per example: inputs have {B}, targets have shape "
-                         f"{tuple(targets.shape)}")
     if B % particles != 0:
         raise ValueError(f"the batch size {B} must be divisible by particles={particles}")
     return B

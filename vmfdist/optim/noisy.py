@@ -56,7 +56,7 @@ from ..curvature import (KFACCollector, KroneckerFactor, check_output, check_tar
 from ..curvature.layers import layer_shape
 from ..distributions import EigenvalueCorrectedMatrixNormal, MatrixNormal
 from ._step import (MASK63, MIX_START, MOMENTS, NGD, SAMPLE, StepPlan, StepWork, below_autograd, check_batch,
-                    StateCache, check_labels, checkpoint, dist_info, grad, roll_back,
+                    StateCache, check_labels, checkpoint, dist_info, roll_back,
                     mix64_state, parameter_gradients, running_gram, sample_now)
 from .settings import PRESETS, check_step_options, resolve_hyperparameters, trained_layers
 
@@ -420,7 +420,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
             nll = torch.dot(diff.view(-1), diff.view(-1)) * (0.5 / sig2)
             eps = torch.randn(f.shape, generator=gen, dtype=f.dtype, device=f.device)
             go = torch.cat([diff.mul_(1.0 / (sig2 * B)), eps.mul_(-1.0 / self.sigma_noise)])
-            self._hooks.backward_to_outputs(out2, go, False, grad)
+            self._hooks.backward_to_outputs(out2, go, False)
             return nll
         if self.likelihood == "regression":
             diff = f - ys
@@ -432,7 +432,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
             e_loss = (logp.exp() - onehot) / B
             nll = -(logp * onehot).sum()
         e_stat = self._statistics_gradients(out2[chunk:], ys, gen)[0]
-        self._hooks.backward_to_outputs(out2, torch.cat([e_loss, e_stat.to(out.dtype)]), False, grad)
+        self._hooks.backward_to_outputs(out2, torch.cat([e_loss, e_stat.to(out.dtype)]), False)
         return nll
 
     def _plain_pass(self, xs, ys, gen, plan: "StepPlan", work: "StepWork") -> torch.Tensor:
@@ -444,7 +444,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         ys = check_targets(out, ys, self.likelihood)
         if plan.need_acts:
             for e in self._statistics_gradients(out, ys, gen):
-                hooks.backward_to_outputs(out, e.to(out.dtype), True, grad)
+                hooks.backward_to_outputs(out, e.to(out.dtype), True)
         hooks.record_grads = False
         hooks.record_inputs = False
         nll = self._nll_sum(out, ys)
