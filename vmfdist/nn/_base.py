@@ -545,20 +545,20 @@ class _ScaledGaussianLayer(BayesianModule):
         unbiased Monte Carlo estimate (``prior_kl_samples`` samples) otherwise.  A float16 /
         bfloat16 layer's KL is computed and returned in float32 (a sum over many weights
         overflows half precision)."""
-        if self.weight_mu.dtype in LOW_PRECISION:
-            q = self._posterior_from(full_precision(self.weight_mu), F.softplus(full_precision(self.weight_rho)))
-            kl = kl_to_prior(q, self.prior, self.weight_mu.shape, self.prior_kl_samples)
-            if self.bias_mu is not None:
-                qb = self._posterior_from(full_precision(self.bias_mu), F.softplus(full_precision(self.bias_rho)))
-                kl = kl + kl_to_prior(qb, self.bias_prior, self.bias_mu.shape, self.prior_kl_samples)
-            return kl
-        kl = kl_to_prior(self.weight_posterior(), self.prior, self.weight_mu.shape, self.prior_kl_samples)
+        kl = kl_to_prior(self._kl_posterior(self.weight_mu, self.weight_rho), self.prior, self.weight_mu.shape,
+                         self.prior_kl_samples)
         if self.bias_mu is not None:
-            kl = kl + kl_to_prior(self.bias_posterior(), self.bias_prior, self.bias_mu.shape, self.prior_kl_samples)
+            kl = kl + kl_to_prior(self._kl_posterior(self.bias_mu, self.bias_rho), self.bias_prior,
+                                  self.bias_mu.shape, self.prior_kl_samples)
         return kl
 
+    def _kl_posterior(self, mu: torch.Tensor, rho: torch.Tensor) -> Distribution:
+        """The posterior at ``(mu, softplus(rho))`` for the KL: the parameters themselves, or their
+        float32 copies for a float16 / bfloat16 layer."""
+        return self._posterior_from(full_precision(mu), F.softplus(full_precision(rho)))
+
     def _posterior_from(self, loc: torch.Tensor, scale: torch.Tensor) -> Distribution:
-        """The posterior family at ``(loc, scale)`` (the subclass's; used for the full-precision KL)."""
+        """The posterior family at ``(loc, scale)`` (the subclass's; ``weight_posterior`` and the KL use it)."""
         raise NotImplementedError
 
     def point_weights(self, use):

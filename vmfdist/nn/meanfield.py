@@ -47,13 +47,12 @@ class _MeanField(_ScaledGaussianLayer):
 
     def weight_posterior(self):
         """``Independent(Normal(weight_mu, softplus(weight_rho)), weight.dim())``."""
-        return Independent(Normal(self.weight_mu, self.weight_sigma, validate_args=False), self.weight_mu.dim(),
-                           validate_args=False)
+        return self._posterior_from(self.weight_mu, self.weight_sigma)
 
     def bias_posterior(self):
         if self.bias_mu is None:
             return None
-        return Independent(Normal(self.bias_mu, self.bias_sigma, validate_args=False), 1, validate_args=False)
+        return self._posterior_from(self.bias_mu, self.bias_sigma)
 
     def sample_weights(self, num_samples):
         # the fused op (csrc/include/vmfdist/meanfield.h): mu + softplus(rho) * eps in one pass

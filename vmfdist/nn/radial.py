@@ -28,7 +28,7 @@ from torch.distributions import Chi2
 
 from ..distributions import Radial, radial_noise
 from ..distributions.kl import kl_radial_normal_softplus
-from ._base import (LOW_PRECISION, _ConvOps, _LinearOps, _ScaledGaussianLayer, _conv_repr, _conv_setup, _linear_setup,
+from ._base import (_ConvOps, _LinearOps, _ScaledGaussianLayer, _conv_repr, _conv_setup, _linear_setup,
                     full_precision, kl_to_prior)
 from .meanfield import _fusable
 
@@ -48,10 +48,10 @@ class _Radial(_ScaledGaussianLayer):
 
     def weight_posterior(self) -> Radial:
         """``Radial(weight_mu, softplus(weight_rho))`` over the whole kernel."""
-        return Radial(self.weight_mu, self.weight_sigma, validate_args=False)
+        return self._posterior_from(self.weight_mu, self.weight_sigma)
 
     def bias_posterior(self) -> Optional[Radial]:
-        return None if self.bias_mu is None else Radial(self.bias_mu, self.bias_sigma, validate_args=False)
+        return None if self.bias_mu is None else self._posterior_from(self.bias_mu, self.bias_sigma)
 
     def sample_weights(self, num_samples):
         # in a training step keep the normals for the backward pass instead of regenerating them
@@ -71,9 +71,8 @@ class _Radial(_ScaledGaussianLayer):
         if self.bias_mu is not None:
             kb = _radial_gaussian_kl(self.bias_mu, self.bias_rho, self.bias_prior)
             if kb is None:
-                qb = self.bias_posterior() if self.bias_mu.dtype not in LOW_PRECISION else self._posterior_from(
-                    full_precision(self.bias_mu), F.softplus(full_precision(self.bias_rho)))
-                kb = kl_to_prior(qb, self.bias_prior, self.bias_mu.shape, self.prior_kl_samples)
+                kb = kl_to_prior(self._kl_posterior(self.bias_mu, self.bias_rho), self.bias_prior, self.bias_mu.shape,
+                                 self.prior_kl_samples)
             kl = kl + kb
         return kl
 
