@@ -38,7 +38,7 @@ FLOORS = {
     "_C": 0,
     "_torch_internals": 0,
     "_ops": 1,
-    "special": 2, "random": 2, "linalg": 2, "testing": 2,
+    "special": 2, "random": 2, "linalg": 2, "testing": 2, "datasets": 2,
     "distributions": 3,
     "curvature": 4,
     "nn": 5,
