@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import calibration, pruning, robustness, uci
+from . import calibration, mnist_continual, mnist_data, mnist_laplace, mnist_pruning, pruning, robustness, uci
 
 EXPERIMENTS = {
     "uci": (uci, "UCI regression table (Bae et al. 2018, Table 1): test log-likelihood and RMSE"),
@@ -12,6 +12,10 @@ EXPERIMENTS = {
     "radial-robustness": (robustness, "Radial vs mean-field over a hyperparameter grid "
                                       "(Farquhar et al. 2020, section 4.1.3)"),
     "laplace-calibration": (calibration, "MAP vs K-FAC / EK-FAC Laplace: calibration and OOD detection on digits"),
+    "mnist-pruning": (mnist_pruning, "RDP structured pruning of LeNet-5-Caffe on MNIST (Oh et al. 2019, Table 2)"),
+    "mnist-laplace": (mnist_laplace, "K-FAC / EK-FAC Laplace on MNIST: calibration, rotated MNIST, OOD detection"),
+    "mnist-continual": (mnist_continual, "Split MNIST continual learning: mean-field vs Radial (Farquhar et al. "
+                                         "2020, section 4.2)"),
 }
 
 
@@ -23,6 +27,9 @@ DATA = {
     "digits-pruning": _DIGITS + ".",
     "radial-robustness": f"{_DIGITS}; and for the uci task, --data-dir: {uci.DATA_HELP}.",
     "laplace-calibration": _DIGITS + ".",
+    "mnist-pruning": f"--data-dir: {mnist_data.DATA_HELP}.",
+    "mnist-laplace": f"--data-dir: {mnist_data.DATA_HELP}.",
+    "mnist-continual": f"--data-dir: {mnist_data.DATA_HELP}.",
 }
 
 

@@ -9,12 +9,15 @@ r"""Bayesian neural-network layers and the tools around them.
   :func:`sample_forward`, :class:`ELBO` with the likelihoods :class:`Categorical`,
   :class:`Gaussian`, :class:`GammaPrecisionGaussian`; :func:`to_bayesian`,
   :func:`to_deterministic`; :func:`predict` and the metrics; :func:`check_finite`.
+* Continual learning: :func:`posterior_as_prior` (the VCL step: the current posterior becomes
+  the prior of the next task).
 * RDP pruning: :func:`log_modes`, :func:`gap_threshold`, :func:`compress`,
   :func:`count_flops`, :func:`count_parameters`.
 
 This package imports only :mod:`vmfdist.distributions` and :mod:`vmfdist.special` below it.
 """
 from ._base import MODES, BayesianModule  # noqa: F401
+from .continual import posterior_as_prior  # noqa: F401
 from .convert import to_bayesian, to_deterministic  # noqa: F401
 from .elbo import ELBO, Categorical, GammaPrecisionGaussian, Gaussian, Likelihood  # noqa: F401
 from .meanfield import MeanFieldConv2d, MeanFieldLinear  # noqa: F401
@@ -31,7 +34,7 @@ __all__ = [
     "RDPPosterior", "concentration_for_mean_length",
     "kl_divergence", "deterministic", "set_mode", "sample_forward", "bayesian_modules", "check_finite",
     "ELBO", "Likelihood", "Categorical", "Gaussian", "GammaPrecisionGaussian",
-    "to_bayesian", "to_deterministic",
+    "to_bayesian", "to_deterministic", "posterior_as_prior",
     "predict", "PredictiveCategorical", "nll", "log_likelihood", "rmse", "accuracy", "ece", "calibration_bins",
     "brier_score", "predictive_entropy", "mutual_information", "ood_auroc",
     "log_modes", "gap_threshold", "compress", "count_flops", "count_parameters", "architecture",

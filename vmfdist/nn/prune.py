@@ -13,9 +13,22 @@ middle of that gap; it prunes nothing when the two classes' means are less than
 channel or unit) is *removed* when its incoming group (its row in the layer that produces
 it) and its outgoing group (its column in the next layer; for a convolution followed by
 ``Flatten``, all the columns its feature map feeds) are both pruned -- when a layer has
-only one of the two groupings, that one decides.  Pruned groups that are not removed have
-their weights set to zero.  Inputs of the first layer and outputs of the last are never
-removed.
+only one of the two groupings, that one decides (``rule="both"``, the default).  Pruned
+groups that are not removed have their weights set to zero.  Inputs of the first layer and
+outputs of the last are never removed.
+
+``rule="either"`` is the authors' count (``nonzero_ratio_lenet5`` and the masked forward of
+``compress_lenet_conv_double.py`` in github.com/ChangYong-Oh/RadiusDirectionPosteriors): a
+neuron goes when its incoming group *or* its outgoing group is pruned, i.e. the removed
+neurons are the union of the pruned rows and the pruned columns.  The function is then
+that of the network whose pruned rows mask the layer's output (bias included) and whose
+pruned columns mask its input; under ``"both"`` a kept neuron with a pruned row still
+passes on its (activated) bias.  After a ``Flatten`` the unit is a feature (channel,
+position): a feature goes when its channel's row or its own column is pruned, a channel
+when all of its features go; the features that go from a kept channel are dropped by a
+:class:`SelectFeatures` module placed right after the ``Flatten``, so that the next layer's
+``in_features`` (and the FLOPs and parameters) count the kept features only -- the paper's
+"110" in 4-7-110-66 is such a count (not a multiple of the 4x4 map).
 
 FLOPs (paper §5.2): a convolution costs :math:`(K_w K_h C_{in}/g + 1)\,H_{out} W_{out}\, C_{out}`
 (the paper writes :math:`H_{out} = I_h + P_h - K_h + 1` with :math:`P_h` the total padding,
@@ -37,7 +50,8 @@ from .convert import to_deterministic
 from .model import bayesian_modules, deterministic
 from .rdp import _RDP
 
-__all__ = ["log_modes", "gap_threshold", "compress", "count_flops", "count_parameters", "architecture"]
+__all__ = ["log_modes", "gap_threshold", "compress", "count_flops", "count_parameters", "architecture",
+           "SelectFeatures"]
 
 
 def log_modes(model: torch.nn.Module) -> Dict[str, Dict[str, torch.Tensor]]:
@@ -92,8 +106,24 @@ def _sizes(m):
     return (m.in_channels, m.out_channels) if _is_conv(m) else (m.in_features, m.out_features)
 
 
+class SelectFeatures(nn.Module):
+    """Keeps the features ``index`` of the last dimension (placed by ``compress(rule="either")``
+    after a ``Flatten``); no parameters."""
+
+    def __init__(self, index: torch.Tensor, in_features: int):
+        super().__init__()
+        self.in_features = int(in_features)
+        self.register_buffer("index", torch.as_tensor(index, dtype=torch.long).reshape(-1).clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.index_select(-1, self.index)
+
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.index.numel()}"
+
+
 def compress(model: torch.nn.Module, threshold: Union[None, float, Dict[str, float]] = None, use: str = "mean",
-             min_separation: float = 2.0) -> torch.nn.Sequential:
+             min_separation: float = 2.0, rule: str = "both") -> torch.nn.Sequential:
     """A smaller plain ``nn.Sequential`` with the pruned neurons of an RDP model removed.
 
     Args:
@@ -105,7 +135,12 @@ def compress(model: torch.nn.Module, threshold: Union[None, float, Dict[str, flo
             entries use the gap rule).
         use: the weights kept: posterior ``"mean"`` or ``"mode"``.
         min_separation: passed to :func:`gap_threshold`.
+        rule: when a hidden neuron is removed: ``"both"`` (default) when its incoming and its
+            outgoing groups are both pruned, ``"either"`` (the authors' count) when one of them
+            is (module docstring).
     """
+    if rule not in ("both", "either"):
+        raise ValueError(f"compress: rule must be 'both' or 'either', got {rule!r}")
     if not isinstance(model, nn.Sequential):
         raise TypeError("compress: model must be an nn.Sequential (the order of its layers defines which neurons "
                         f"connect), got {type(model).__name__}")
@@ -143,6 +178,7 @@ def compress(model: torch.nn.Module, threshold: Union[None, float, Dict[str, flo
     # neurons removed between consecutive weighted layers
     remove_out = {i: torch.zeros(_sizes(mods[i])[1], dtype=torch.bool) for i in weighted}
     remove_in = {i: torch.zeros(_sizes(mods[i])[0], dtype=torch.bool) for i in weighted}
+    select = {}  # index of a Flatten -> the features kept after it (rule="either")
     for a, b in zip(weighted[:-1], weighted[1:]):
         ma, mb = mods[a], mods[b]
         n_out_a = _sizes(ma)[1]
@@ -156,22 +192,48 @@ def compress(model: torch.nn.Module, threshold: Union[None, float, Dict[str, flo
             continue
         if not (row_known[a] or col_known[b]):
             continue
-        out_pruned = ~row_keep[a] if row_known[a] else torch.ones(n_out_a, dtype=torch.bool)
-        col_pruned_b = (~col_keep[b]).reshape(n_out_a, per).all(1) if col_known[b] else \
-            torch.ones(n_out_a, dtype=torch.bool)
-        gone = out_pruned & col_pruned_b
-        if bool(gone.all()):  # keep one neuron so that the network stays connected
-            gone[0] = False
+        if rule == "either":
+            gone, feat_gone = _either(row_keep[a] if row_known[a] else None, col_keep[b] if col_known[b] else None,
+                                      n_out_a, per)
+            if bool((feat_gone & ~gone.repeat_interleave(per)).any()):  # features of kept channels go
+                flat = next(k for k in range(a + 1, b) if isinstance(mods[k], nn.Flatten))
+                select[flat] = SelectFeatures(torch.nonzero(~feat_gone[~gone.repeat_interleave(per)]).reshape(-1),
+                                              int((~gone).sum()) * per)
+        else:
+            out_pruned = ~row_keep[a] if row_known[a] else torch.ones(n_out_a, dtype=torch.bool)
+            col_pruned_b = (~col_keep[b]).reshape(n_out_a, per).all(1) if col_known[b] else \
+                torch.ones(n_out_a, dtype=torch.bool)
+            gone = out_pruned & col_pruned_b
+            if bool(gone.all()):  # keep one neuron so that the network stays connected
+                gone[0] = False
+            feat_gone = gone.repeat_interleave(per)
         remove_out[a] = gone
-        remove_in[b] = gone.repeat_interleave(per)
-        if bool(gone.any()):  # per-feature layers between a and b lose the removed features too
+        remove_in[b] = feat_gone
+        if bool(gone.any() or feat_gone.any()):  # per-feature layers between a and b lose the removed features too
             _slice_between(mods, plain, names, a, b, ~gone, ~remove_in[b])
     out = []
     for i, m in enumerate(plain):
         if i in remove_out:
             m = _slice_layer(m, mods[i], row_keep[i], col_keep[i], ~remove_out[i], ~remove_in[i])
         out.append(m)
+        if i in select:
+            out.append(select[i])
     return nn.Sequential(*out)
+
+
+def _either(row_keep, col_keep, n_out: int, per: int):
+    """``rule="either"`` between two layers: ``(neurons gone (n_out,), features gone (n_out * per,))``;
+    a feature goes when its neuron's row or its own column is pruned (``None``: that grouping is
+    absent, nothing pruned by it), a neuron when all of its ``per`` features go.  One feature (and
+    its neuron) is kept when everything would go, so that the network stays connected."""
+    feat = torch.zeros(n_out * per, dtype=torch.bool)
+    if row_keep is not None:
+        feat |= (~row_keep).repeat_interleave(per)
+    if col_keep is not None:
+        feat |= ~col_keep
+    if bool(feat.all()):
+        feat[0] = False
+    return feat.reshape(n_out, per).all(1), feat
 
 
 @torch.no_grad()

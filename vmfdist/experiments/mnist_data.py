@@ -1,0 +1,115 @@
+"""Shared plumbing of the MNIST experiments (``mnist-pruning``, ``mnist-laplace``,
+``mnist-continual``): the ``--data-dir`` / ``--limit`` options, the images as tensors, the
+papers' LeNet-5-Caffe, and per-epoch checkpoints for ``--resume``.
+
+The data come from the folder the user names (:func:`vmfdist.datasets.load_mnist`: the four
+IDX files, gzip-compressed or not, or torchvision's ``root/MNIST/raw/`` layout); nothing here
+has a default location.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from typing import Optional, Tuple
+
+import torch
+from torch import nn
+
+from ..datasets import load_mnist
+
+DATA_HELP = ("a folder holding the four MNIST IDX files (train-images-idx3-ubyte, train-labels-idx1-ubyte, "
+             "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, gzip-compressed or not; or torchvision's "
+             "root/MNIST/raw/ layout) -- e.g. what torchvision.datasets.MNIST(root, download=True) fetches")
+
+
+def add_data_arguments(p: argparse.ArgumentParser) -> None:
+    """``--data-dir`` (required), ``--limit`` and ``--test-limit`` (the first N images, for smoke runs)."""
+    p.add_argument("--data-dir", default=None, help=f"required: {DATA_HELP}")
+    p.add_argument("--limit", type=int, default=None,
+                   help="use only the first N training images (default: all 60000; for quick and smoke runs)")
+    p.add_argument("--test-limit", type=int, default=None,
+                   help="use only the first N test images (default: all 10000)")
+
+
+def check_positive(**values) -> None:
+    """``ValueError`` naming the first option that is not a positive integer (``None`` passes)."""
+    for name, v in values.items():
+        if v is not None and (not isinstance(v, int) or v < 1):
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
+
+
+def load(args, dtype=torch.float32) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(x_train, y_train, x_test, y_test)`` from ``args.data_dir``: pixels scaled to [0, 1],
+    shape ``(N, 1, 28, 28)``, the first ``args.limit`` / ``args.test_limit`` images."""
+    if args.data_dir is None:
+        raise ValueError(f"--data-dir is required: {DATA_HELP}")
+    check_positive(limit=args.limit, test_limit=args.test_limit)
+    xtr, ytr = load_mnist(args.data_dir, train=True)
+    xte, yte = load_mnist(args.data_dir, train=False)
+    xtr, ytr = xtr[:args.limit], ytr[:args.limit]
+    xte, yte = xte[:args.test_limit], yte[:args.test_limit]
+    scale = lambda x: (x.to(dtype) / 255.0).unsqueeze(1).contiguous()  # noqa: E731
+    return scale(xtr), ytr, scale(xte), yte
+
+
+def split_validation(x: torch.Tensor, y: torch.Tensor, count: int, seed: int = 0):
+    """``(x_fit, y_fit, x_val, y_val)``: ``count`` images drawn at random (fixed ``seed``) held out."""
+    if not 0 < count < len(x):
+        raise ValueError(f"a validation set of {count} images needs more than {count} training images, got {len(x)}")
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
+    val, fit = perm[:count], perm[count:]
+    return x[fit], y[fit], x[val], y[val]
+
+
+def lenet5_caffe(classes: int = 10) -> nn.Sequential:
+    """LeNet-5-Caffe as in the papers (Oh et al. 2019, Table 2): conv 20 5x5 -> max-pool 2 ->
+    conv 50 5x5 -> max-pool 2 -> fc 800 -> 500 -> fc 500 -> ``classes``, ReLU activations
+    (431,080 parameters for 10 classes)."""
+    return nn.Sequential(nn.Conv2d(1, 20, 5), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(20, 50, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(800, 500), nn.ReLU(), nn.Linear(500, classes))
+
+
+def batches(n: int, batch: int, gen: torch.Generator):
+    """Index tensors of one epoch's shuffled mini-batches."""
+    perm = torch.randperm(n, generator=gen)
+    for i in range(0, n, batch):
+        yield perm[i:i + batch]
+
+
+def save_checkpoint(path: str, state: dict) -> None:
+    """``torch.save(state)`` to ``path`` atomically (a kill mid-write keeps the previous checkpoint)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.")
+    os.close(fd)
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def load_checkpoint(path: str, settings: dict) -> Optional[dict]:
+    """The checkpoint at ``path`` (``None`` when there is none); ``ValueError`` when it was
+    written with other ``settings`` (its ``"settings"`` entry), so that ``--resume`` never
+    continues a different run."""
+    if not os.path.exists(path):
+        return None
+    state = torch.load(path, weights_only=False)
+    if state.get("settings") != settings:
+        raise ValueError(f"--resume: the checkpoint {path!r} belongs to a run with other settings "
+                         f"({state.get('settings')}); remove it or run with the same options")
+    return state
+
+
+def rng_state() -> dict:
+    """torch's global random state (saved in checkpoints so that a resumed run draws the same numbers)."""
+    return {"torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
