@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import math
 import os
 import time
@@ -65,6 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shift-images", type=int, default=1000,
                    help="test images rotated at each angle, and OOD images (the first N; default 1000)")
     p.add_argument("--no-laplace-torch", action="store_true", help="skip the laplace-torch comparison")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the seeds already in <out>/mnist_laplace.json (a run with the same settings) and run "
+                        "the rest; each seed is saved when it finishes, and a seed's numbers do not depend on the others")
     _common.out_argument(p, "mnist_laplace.json/.md and the pictures")
 
 
@@ -73,7 +77,7 @@ def rotate(x: torch.Tensor, degrees: float) -> torch.Tensor:
     (bilinear interpolation, zeros outside)."""
     t = math.radians(degrees)
     c, s = math.cos(t), math.sin(t)
-    theta = torch.tensor([[c, s, 0.0], [-s, c, 0.0]], dtype=x.dtype).expand(len(x), 2, 3)
+    theta = torch.tensor([[c, -s, 0.0], [s, c, 0.0]], dtype=x.dtype).expand(len(x), 2, 3)
     grid = F.affine_grid(theta, list(x.shape), align_corners=False)
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
 
@@ -220,14 +224,36 @@ def run(args) -> dict:
                             "prior_precision": "scalar: marginal likelihood, or validation NLL of the GLM probit "
                                                "predictive on a grid 10^-2..10^5 (29 points)",
                             "data": f"MNIST: {len(data[0])} train / {len(data[2])} validation / {len(xte)} test"}}
-    for seed in _common.progress(range(args.seeds), "mnist-laplace"):
+    done = _finished_seeds(args, results["settings"]) if args.resume else []
+    per_seed.extend(done)
+    for seed in _common.progress(range(len(done), args.seeds), "mnist-laplace"):
         res, probs = run_seed(seed, args, data, x_ood)
         per_seed.append(dict(res, seed=seed))
         if first is None:
-            first = (probs, yte)
+            first = (probs, yte, seed)
         results.update(wall_seconds=round(time.perf_counter() - t_all, 1), partial=len(per_seed) < args.seeds)
         _common.write_results(args.out, "mnist_laplace", results, lambda path: _plot(results, first, path), markdown)
     return results
+
+
+def _finished_seeds(args, settings: dict) -> list:
+    """The seeds of an earlier run in ``args.out`` with the same settings (``--resume``)."""
+    path = os.path.join(args.out, "mnist_laplace.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        old = json.load(f)
+    mine = json.loads(json.dumps(settings))  # the same JSON types as the file's
+    mine.pop("seeds"), old["settings"].pop("seeds", None)
+    if old["settings"] != mine:
+        raise ValueError(f"--resume: {path!r} holds a run with other settings; remove it or run with the same options")
+    return old["seeds"][:args.seeds]
+
+
+def _rotated(method: dict, angle: int) -> dict:
+    """The scores at ``angle`` (int keys in memory, str keys once read back from JSON)."""
+    rot = method["rotated"]
+    return rot[angle] if angle in rot else rot[str(angle)]
 
 
 def _ms(values, scale=1.0):
@@ -252,7 +278,7 @@ def markdown(results: dict, picture: str = None) -> str:
     for key, (label, *_rest) in METHODS.items():
         cells = []
         for a in st["angles"]:
-            rot = [s[key]["rotated"][str(a)] if str(a) in s[key]["rotated"] else s[key]["rotated"][a] for s in seeds]
+            rot = [_rotated(s[key], a) for s in seeds]
             cells.append(f"{sum(r['nll'] for r in rot) / len(rot):.2f} / {100 * sum(r['ece'] for r in rot) / len(rot):.1f}")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lt = [s["laplace_torch"] for s in seeds if s.get("laplace_torch", {}).get("available")]
@@ -272,7 +298,7 @@ def _plot(results, first, path):
     plt = _common.pyplot()
     if plt is None:
         return None
-    probs, y = first
+    probs, y, first_seed = first
     seeds = results["seeds"]
     shown = ["map", "kfac", "ekfac", "kfac-marglik"]
     fig, axes = plt.subplots(2, 4, figsize=(14, 6.5))
@@ -288,14 +314,14 @@ def _plot(results, first, path):
     angles = results["settings"]["angles"]
     for ax, metric in zip(axes[1], ("accuracy", "nll", "ece")):
         for key in METHODS:
-            vals = [sum(s[key]["rotated"][a][metric] for s in seeds) / len(seeds) for a in angles]
+            vals = [sum(_rotated(s[key], a)[metric] for s in seeds) / len(seeds) for a in angles]
             ax.plot(angles, vals, marker=".", label=key)
         ax.set_xlabel("rotation (degrees)")
         ax.set_ylabel(metric)
     axes[1][0].legend(fontsize=6)
     axes[1][3].set_visible(False)
-    fig.suptitle("MNIST test set: reliability diagrams (seed 0) and metrics per rotation angle (mean over seeds)",
-                 fontsize=9)
+    fig.suptitle(f"MNIST test set: reliability diagrams (seed {first_seed}) and metrics per rotation angle (mean over "
+                 "seeds)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
