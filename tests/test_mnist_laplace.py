@@ -69,7 +69,7 @@ def test_smoke_run_and_resume(tmp_path):
     assert r2["seeds"][0] == s
     with pytest.raises(SystemExit):  # other settings: refused by name
         cli.main(base + ["--seeds", "2", "--resume", "--shift-images", "10"])
-    assert (out / "mnist_laplace.md").read_text().count("| K-FAC Laplace") == 3
+    assert (out / "mnist_laplace.md").read_text().count("| K-FAC Laplace") == 3 * 2  # main and rotation tables
 
 
 def test_bad_options_are_named(tmp_path, capsys):
