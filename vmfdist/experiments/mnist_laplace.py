@@ -26,6 +26,7 @@ import copy
 import json
 import math
 import os
+import sys
 import time
 import warnings
 
@@ -93,6 +94,10 @@ def ood_images(args, x_test: torch.Tensor):
             "MNIST test images with their pixels shuffled by one fixed permutation")
 
 
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
 def _scores(probs: torch.Tensor, y: torch.Tensor) -> dict:
     probs = probs.double()
     return {"accuracy": float(bnn.accuracy(probs, y)), "nll": float(bnn.nll(probs, y)),
@@ -145,14 +150,18 @@ def run_seed(seed: int, args, data, x_ood) -> tuple:
     res, test_probs = {}, {}
     torch.manual_seed(seed)
     t0 = time.perf_counter()
-    model = digits.train_map(mnist_data.lenet5_caffe(), x_fit, y_fit, args.epochs, lr=1e-3, seed=seed, batch=BATCH)
+    model = digits.train_map(mnist_data.lenet5_caffe(), x_fit, y_fit, args.epochs, lr=1e-3, seed=seed, batch=BATCH,
+                             on_epoch=lambda e, loss: _say(f"seed {seed}: MAP epoch {e + 1}/{args.epochs}, loss "
+                                                           f"{loss:.4f}, {time.perf_counter() - t0:.0f} s"))
     t_map = time.perf_counter() - t0
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x_fit, y_fit), batch_size=BATCH)
+    _say(f"seed {seed}: fitting K-FAC and EK-FAC Laplace on {len(x_fit)} images, choosing prior precisions")
     fitted, info = _fit_laplaces(model, loader, (x_val, y_val), seed)
     shift = x_te[:args.shift_images]
     sets = {"test": x_te, "ood": x_ood[:args.shift_images], **{str(a): rotate(shift, a) for a in ANGLES}}
     y_shift = y_te[:args.shift_images]
     for key, (_, cls, choice, link_approx) in METHODS.items():
+        _say(f"seed {seed}: scoring {key}")
         t0 = time.perf_counter()
         if cls is None:
             predict = lambda x: model(x).softmax(-1)  # noqa: E731
