@@ -139,6 +139,7 @@ setup(
     version="0.1.0",
     description="Directional and structured distributions, exact Bessel functions and Bayesian layers for PyTorch",
     packages=find_packages(include=["vmfdist", "vmfdist.*"]),
+    package_data={"vmfdist.datasets": ["uci_sha256.json"]},  # the UCI files' SHA-256 sums
     ext_modules=extensions(),
     cmdclass={"build_ext": ce.BuildExtension.with_options(use_ninja=True)},
     options={"bdist_wheel": {"py_limited_api": "cp39"}},

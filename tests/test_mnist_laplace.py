@@ -79,3 +79,28 @@ def test_bad_options_are_named(tmp_path, capsys):
         with pytest.raises(SystemExit):
             cli.main(argv)
         assert word in capsys.readouterr().err
+
+
+def test_download_option_fetches_into_the_cache(tmp_path, monkeypatch):
+    """--download without --data-dir: the files come from the (here: local) mirror, are checked
+    against SHA-256 sums computed here with hashlib, and land in $VMFDIST_DATA/MNIST."""
+    import argparse
+    import gzip
+    import hashlib
+
+    from vmfdist.datasets import download
+    from vmfdist.experiments import mnist_data
+
+    mirror = tmp_path / "mirror"
+    _class_images(mirror, n_train=30, n_test=10)
+    files = {stem: {"sha256": hashlib.sha256(gzip.decompress((mirror / f"{stem}.gz").read_bytes())).hexdigest()}
+             for stem in download.MNIST_STEMS}
+    monkeypatch.setitem(download.MNIST_SOURCES, "MNIST", {"mirrors": (mirror.as_uri() + "/",), "files": files})
+    monkeypatch.setenv("VMFDIST_DATA", str(tmp_path / "cache"))
+    p = argparse.ArgumentParser()
+    mnist_data.add_data_arguments(p)
+    xtr, ytr, xte, yte = mnist_data.load(p.parse_args(["--download"]))
+    assert xtr.shape == (30, 1, 28, 28) and xte.shape == (10, 1, 28, 28)
+    assert sorted(f.name for f in (tmp_path / "cache" / "MNIST").iterdir()) == sorted(f"{s}.gz" for s in files)
+    with pytest.raises(ValueError, match="--download"):
+        mnist_data.load(p.parse_args([]))

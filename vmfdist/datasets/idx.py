@@ -14,6 +14,8 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from .download import data_root, download_mnist
+
 #: IDX type code -> (torch dtype, big-endian numpy-style format of one value, bytes per value)
 _TYPES = {0x08: (torch.uint8, "B", 1), 0x09: (torch.int8, "b", 1), 0x0B: (torch.int16, "h", 2),
           0x0C: (torch.int32, "i", 4), 0x0D: (torch.float32, "f", 4), 0x0E: (torch.float64, "d", 8)}
@@ -75,11 +77,13 @@ def read_idx(path: str, ndim: Optional[int] = None) -> torch.Tensor:
 
 
 def _candidates(root: str, name: Optional[str]):
-    """Folders that may hold the files: ``root`` itself, then torchvision's layouts
-    ``root/<Name>/raw`` and ``root/raw``."""
+    """Folders that may hold the files: ``root`` itself, then ``root/<Name>`` (where
+    :func:`~vmfdist.datasets.download_mnist` puts them), torchvision's layouts ``root/<Name>/raw``
+    and ``root/raw``."""
     yield root
     names = [name] if name else ["MNIST", "FashionMNIST", "KMNIST", "QMNIST"]
     for n in names:
+        yield os.path.join(root, n)
         yield os.path.join(root, n, "raw")
     yield os.path.join(root, "raw")
 
@@ -87,7 +91,7 @@ def _candidates(root: str, name: Optional[str]):
 def find_idx_files(root: str, name: Optional[str] = None) -> Dict[str, str]:
     """Paths of the four MNIST-format files under ``root`` (keys of :data:`IDX_FILES`): each
     may be gzip-compressed (``.gz``) or not, and spelt ``train-images-idx3-ubyte`` or
-    ``train-images.idx3-ubyte``; besides ``root`` itself, torchvision's ``root/<name>/raw/``
+    ``train-images.idx3-ubyte``; besides ``root`` itself, ``root/<name>/`` and torchvision's ``root/<name>/raw/``
     (``name`` ``"MNIST"``, ``"FashionMNIST"``, ... ; all of them when ``None``) is searched.
     ``FileNotFoundError`` saying which files are missing and how to get them otherwise."""
     if not isinstance(root, (str, os.PathLike)):
@@ -116,12 +120,23 @@ def find_idx_files(root: str, name: Optional[str] = None) -> Dict[str, str]:
                             f"(with or without .gz); {_HOW_TO_GET}")
 
 
-def load_mnist(root: str, train: bool = True, name: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+def load_mnist(root: Optional[str] = None, train: bool = True, name: Optional[str] = None,
+               download: bool = False, **download_kwargs) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(images, labels)`` of the training (``train=True``) or test part of the MNIST-format
     data set in the folder ``root`` (see :func:`find_idx_files` for the layouts): images as
     ``uint8`` of shape ``(N, H, W)`` (28 x 28 for MNIST), labels as ``int64`` of shape ``(N,)``.
-    Checks each file's header and that images and labels agree in number."""
-    files = find_idx_files(root, name)
+    Checks each file's header and that images and labels agree in number.
+
+    ``root=None`` is the data cache (``$VMFDIST_DATA`` or ``~/.cache/vmfdist``).  With
+    ``download=True`` the files of ``name`` (default ``"MNIST"``) missing from ``root/<name>/`` are
+    fetched and checked first (:func:`~vmfdist.datasets.download_mnist`, which also takes
+    ``download_kwargs``: ``mirrors``, ``checksums``, ``timeout``) and read from there."""
+    if download:
+        files = find_idx_files(download_mnist(root, name or "MNIST", **download_kwargs))
+    elif download_kwargs:
+        raise TypeError(f"load_mnist got {', '.join(download_kwargs)}, which only apply with download=True")
+    else:
+        files = find_idx_files(data_root(root), name)
     part = "train" if train else "test"
     images = read_idx(files[f"{part}_images"], ndim=3)
     labels = read_idx(files[f"{part}_labels"], ndim=1)

@@ -25,7 +25,10 @@ DATA_HELP = ("a folder holding the four MNIST IDX files (train-images-idx3-ubyte
 
 def add_data_arguments(p: argparse.ArgumentParser) -> None:
     """``--data-dir`` (required), ``--limit`` and ``--test-limit`` (the first N images, for smoke runs)."""
-    p.add_argument("--data-dir", default=None, help=f"required: {DATA_HELP}")
+    p.add_argument("--data-dir", default=None, help=f"required unless --download: {DATA_HELP}")
+    p.add_argument("--download", action="store_true",
+                   help="fetch the MNIST files (checked by SHA-256) into --data-dir, or without it into the data cache "
+                        "($VMFDIST_DATA or ~/.cache/vmfdist), when they are not there yet (vmfdist.datasets.download_mnist)")
     p.add_argument("--limit", type=int, default=None,
                    help="use only the first N training images (default: all 60000; for quick and smoke runs)")
     p.add_argument("--test-limit", type=int, default=None,
@@ -42,11 +45,12 @@ def check_positive(**values) -> None:
 def load(args, dtype=torch.float32) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(x_train, y_train, x_test, y_test)`` from ``args.data_dir``: pixels scaled to [0, 1],
     shape ``(N, 1, 28, 28)``, the first ``args.limit`` / ``args.test_limit`` images."""
-    if args.data_dir is None:
-        raise ValueError(f"--data-dir is required: {DATA_HELP}")
+    download = getattr(args, "download", False)
+    if args.data_dir is None and not download:
+        raise ValueError(f"--data-dir is required: {DATA_HELP}; or pass --download to fetch them")
     check_positive(limit=args.limit, test_limit=args.test_limit)
-    xtr, ytr = load_mnist(args.data_dir, train=True)
-    xte, yte = load_mnist(args.data_dir, train=False)
+    xtr, ytr = load_mnist(args.data_dir, train=True, download=download)
+    xte, yte = load_mnist(args.data_dir, train=False, download=download)
     xtr, ytr = xtr[:args.limit], ytr[:args.limit]
     xte, yte = xte[:args.test_limit], yte[:args.test_limit]
     scale = lambda x: (x.to(dtype) / 255.0).unsqueeze(1).contiguous()  # noqa: E731
