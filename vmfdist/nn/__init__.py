@@ -9,6 +9,8 @@ r"""Bayesian neural-network layers and the tools around them.
   :func:`sample_forward`, :class:`ELBO` with the likelihoods :class:`Categorical`,
   :class:`Gaussian`, :class:`GammaPrecisionGaussian`; :func:`to_bayesian`,
   :func:`to_deterministic`; :func:`predict` and the metrics; :func:`check_finite`.
+* Calibration and selective prediction: :func:`adaptive_ece`, :func:`aurc`, :func:`fpr_at_tpr`,
+  :class:`TemperatureScaling`, :func:`reliability_diagram`.
 * Continual learning: :func:`posterior_as_prior` (the VCL step: the current posterior becomes
   the prior of the next task).
 * RDP pruning: :func:`log_modes`, :func:`gap_threshold`, :func:`compress`,
@@ -17,6 +19,7 @@ r"""Bayesian neural-network layers and the tools around them.
 This package imports only :mod:`vmfdist.distributions` and :mod:`vmfdist.special` below it.
 """
 from ._base import MODES, BayesianModule  # noqa: F401
+from .calibration import TemperatureScaling, adaptive_ece, aurc, fpr_at_tpr, reliability_diagram  # noqa: F401
 from .continual import posterior_as_prior  # noqa: F401
 from .convert import to_bayesian, to_deterministic  # noqa: F401
 from .elbo import ELBO, Categorical, GammaPrecisionGaussian, Gaussian, Likelihood  # noqa: F401
@@ -37,5 +40,6 @@ __all__ = [
     "to_bayesian", "to_deterministic", "posterior_as_prior",
     "predict", "PredictiveCategorical", "nll", "log_likelihood", "rmse", "accuracy", "ece", "calibration_bins",
     "brier_score", "predictive_entropy", "mutual_information", "ood_auroc",
+    "adaptive_ece", "aurc", "fpr_at_tpr", "TemperatureScaling", "reliability_diagram",
     "log_modes", "gap_threshold", "compress", "count_flops", "count_parameters", "architecture",
 ]
