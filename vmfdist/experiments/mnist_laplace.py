@@ -134,7 +134,10 @@ def _fit_laplaces(model, loader, val, seed):
             if choice == "marglik":
                 la.optimize_prior_precision(method="marglik")
             else:
-                la.optimize_prior_precision(method="gridsearch", val_loader=[val], link_approx="probit",
+                # in batches of 500: the per-example rotated Jacobians of the convolutions are
+                # (classes x images x out x in), 0.5 GB per 500 images for LeNet-5's second one
+                val_batches = [(val[0][i:i + 500], val[1][i:i + 500]) for i in range(0, len(val[0]), 500)]
+                la.optimize_prior_precision(method="gridsearch", val_loader=val_batches, link_approx="probit",
                                             log_prior_prec_min=-2, log_prior_prec_max=5, grid_size=29)
             fitted[(cls, choice)] = la.prior_precision.detach().clone()
             info[(cls.__name__, choice)] = {"prior_precision": float(la.prior_precision.reshape(-1)[0]),
