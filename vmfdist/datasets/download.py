@@ -254,7 +254,7 @@ def _normalise_checksums(checksums: Optional[Mapping[str, str]], stems: Iterable
 def download_mnist(root=None, name: str = "MNIST", mirrors: Optional[Sequence[str]] = None,
                    checksums: Optional[Mapping[str, str]] = None, timeout: float = TIMEOUT) -> str:
     """Fetch the four IDX files of the MNIST-format data set ``name`` (``"MNIST"``,
-    ``"FashionMNIST"`` or ``"KMNIST"``; see :data:`MNIST_SOURCES`) into ``<root>/<name>/``
+    ``"FashionMNIST"`` or ``"KMNIST"``; see ``MNIST_SOURCES``) into ``<root>/<name>/``
     and return that folder (:func:`vmfdist.datasets.load_mnist` reads it).
 
     ``root`` defaults to :func:`data_root` (``$VMFDIST_DATA`` or ``~/.cache/vmfdist``).  Files

