@@ -85,22 +85,37 @@ def prepare_out(out: str) -> str:
     return out
 
 
-def write_text(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` atomically: a temporary file in the same folder, then a rename, so
+def atomic_write(path: str, write: Callable[[str], None]) -> None:
+    """``write(tmp)`` to a temporary file in ``path``'s folder, then a rename onto ``path``, so
     that a kill mid-write leaves the previous file, never a truncated one."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        write(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def write_text(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (:func:`atomic_write`)."""
+    def write(tmp):
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    atomic_write(path, write)
+
+
+def minibatches(n: int, batch: int, gen: torch.Generator):
+    """Index tensors of one epoch's shuffled mini-batches of ``batch`` (the last one smaller)."""
+    perm = torch.randperm(n, generator=gen)
+    for i in range(0, n, batch):
+        yield perm[i:i + batch]
 
 
 def write_json(path: str, payload: dict) -> None:

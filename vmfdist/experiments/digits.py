@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from .. import nn as bnn
+from . import _common
 
 #: images per batch in every digits experiment
 BATCH = 64
@@ -52,12 +53,6 @@ def lenet5(c1: int = 20, c2: int = 50, hidden: int = 500, classes: int = 10) -> 
                          nn.Linear(c2 * 4, hidden), nn.ReLU(), nn.Linear(hidden, classes))
 
 
-def _batches(n: int, gen: torch.Generator, batch: int = BATCH):
-    perm = torch.randperm(n, generator=gen)
-    for i in range(0, n, batch):
-        yield perm[i:i + batch]
-
-
 def train_elbo(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, lr: float, seed: int,
                radius_lr: Optional[float] = None, likelihood=None, kl_weight: float = 1.0,
                batch: Optional[int] = None) -> List[float]:
@@ -77,7 +72,7 @@ def train_elbo(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, 
     losses = []
     for _ in range(epochs):
         total, count = 0.0, 0
-        for idx in _batches(len(x), gen, batch or BATCH):
+        for idx in _common.minibatches(len(x), batch or BATCH, gen):
             out = model(x[idx])
             loss = elbo(out.squeeze(-1) if likelihood is not None else out, y[idx])
             if not torch.isfinite(loss):
@@ -106,7 +101,7 @@ def train_map(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, l
     model.train()
     for epoch in range(epochs):
         total = 0.0
-        for idx in _batches(n, gen, batch):
+        for idx in _common.minibatches(n, batch, gen):
             loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
             loss = loss + 0.5 * prior_precision / n * sum(p.pow(2).sum() for p in model.parameters())
             opt.zero_grad()

@@ -155,7 +155,7 @@ def _epoch(net, elbo, opt, x, y, batch, gen) -> Dict[str, float]:
     b = min(batch, len(x))
     nll = kl = 0.0
     steps = 0
-    for idx in mnist_data.batches(len(x), b, gen):
+    for idx in _common.minibatches(len(x), b, gen):
         if len(idx) < b:
             continue
         loss = elbo(net(x[idx]), y[idx])

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 from typing import Optional, Tuple
 
 import torch
 from torch import nn
 
 from ..datasets import load_mnist
+from . import _common
 
 DATA_HELP = ("a folder holding the four MNIST IDX files (train-images-idx3-ubyte, train-labels-idx1-ubyte, "
              "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, gzip-compressed or not; or torchvision's "
@@ -75,26 +75,9 @@ def lenet5_caffe(classes: int = 10) -> nn.Sequential:
                          nn.Linear(800, 500), nn.ReLU(), nn.Linear(500, classes))
 
 
-def batches(n: int, batch: int, gen: torch.Generator):
-    """Index tensors of one epoch's shuffled mini-batches."""
-    perm = torch.randperm(n, generator=gen)
-    for i in range(0, n, batch):
-        yield perm[i:i + batch]
-
-
 def save_checkpoint(path: str, state: dict) -> None:
     """``torch.save(state)`` to ``path`` atomically (a kill mid-write keeps the previous checkpoint)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.")
-    os.close(fd)
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    _common.atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
 def load_checkpoint(path: str, settings: dict) -> Optional[dict]:

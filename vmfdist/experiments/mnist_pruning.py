@@ -122,7 +122,7 @@ def train(net: str, seed: int, x: torch.Tensor, y: torch.Tensor, epochs: int, an
     for epoch in range(rec["epoch"], epochs):
         t0 = time.perf_counter()
         tot_loss, tot_xent, count = 0.0, 0.0, 0
-        for idx in mnist_data.batches(n, BATCH, gen):
+        for idx in _common.minibatches(n, BATCH, gen):
             out = model(x[idx])
             if elbo is None:
                 loss = xent = F.cross_entropy(out, y[idx])

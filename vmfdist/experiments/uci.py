@@ -76,12 +76,6 @@ def gaussian_metrics(split: Split, means: torch.Tensor, variances: torch.Tensor)
 # Each method trains on one split and returns gaussian_metrics(...).  Signature:
 #   fn(split: Split, epochs: int, seed: int, hp: dict) -> dict
 # with ``hp`` the method's settings for this data set (settings_for).
-def _minibatches(n: int, batch: int, gen: torch.Generator):
-    perm = torch.randperm(n, generator=gen)
-    for i in range(0, n, batch):
-        yield perm[i:i + batch]
-
-
 def _mlp(d_in: int, hidden: int, dtype) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(d_in, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1)).to(dtype)
 
@@ -100,7 +94,7 @@ def train_map(split: Split, epochs: int, seed: int, prior_precision: float = 1.0
     steps_per_epoch = math.ceil(n / split.batch_size)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=max(1, epochs * steps_per_epoch // 2), gamma=0.1)
     for _ in range(epochs):
-        for idx in _minibatches(n, split.batch_size, gen):
+        for idx in _common.minibatches(n, split.batch_size, gen):
             out = model(split.x_train[idx]).squeeze(-1)
             tau = log_tau.exp()
             nll = 0.5 * (tau * (out - split.y_train[idx]).pow(2) - log_tau + math.log(2 * math.pi)).mean()
@@ -222,7 +216,7 @@ def _noisy_method(ekfac: bool):
                   total_steps=steps, seed=seed)
         y = split.y_train.unsqueeze(-1)
         for _ in range(epochs):
-            for idx in _minibatches(n, split.batch_size, gen):
+            for idx in _common.minibatches(n, split.batch_size, gen):
                 opt.step(split.x_train[idx], y[idx])
             with torch.no_grad():
                 sse = 0.0
@@ -279,7 +273,7 @@ def _vi_method(kind: str):
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=max(1, steps // 2), gamma=0.1)
         model.train()
         for _ in range(epochs):
-            for idx in _minibatches(n, split.batch_size, gen):
+            for idx in _common.minibatches(n, split.batch_size, gen):
                 loss = elbo(model(split.x_train[idx]).squeeze(-1), split.y_train[idx])
                 opt.zero_grad()
                 loss.backward()
