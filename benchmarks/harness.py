@@ -311,7 +311,10 @@ def header(result: dict, title: str, command: str, name: str) -> List[str]:
             f"- CPU: {m['cpu']} ({m['nproc']} logical cores); load average ({'/'.join(('1', '5', '15')[:len(lb)])} "
             f"min) before {'/'.join(f'{x:.2f}' for x in lb)}, after {'/'.join(f'{x:.2f}' for x in la)}."
             + (f" GPU: {m['gpu']}." if "gpu" in m else ""),
-            "- " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + "."]
+            "- " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + "."] + [
+            # rows re-measured after a change to a few functions (merged by hand into the JSON)
+            f"- Re-measured {r['date']}, git `{r['git']}` ({r['why']}): {', '.join(f'`{f}`' for f in r['functions'])}; "
+            f"load before {'/'.join(f'{x:.2f}' for x in r['load_before'])}." for r in m.get("reruns", [])]
 
 
 def _json_map(o, leaf):

@@ -626,38 +626,42 @@ VMF_INLINE double log_iv(double nu, double z, bool scaled) {
 // Ruiz-Antolin & Segura (2016) bounds and the papers' approximations.
 
 // The bounds are evaluated in two ways that share their formulas:
-//   * InRange = false (iv_ratio_bounds, used on the GPU and for every element outside
-//     the range below): sqrt(x^2 + y^2) by hypot, so nothing over- or underflows;
-//   * InRange = true (iv_ratio_bounds_fast, the CPU's vectorised blocks): only where
-//     bounds_fast_range holds -- the order in the theorem's domain, nu <= 2^500 and
-//     z in [2^-500, 2^500] -- so that no square over- or underflows and the plain root,
-//     which vectorises, may replace hypot (one more rounding: about 1 ulp instead of 0.5).
+//   * where bounds_fast_range holds -- the order in the theorem's domain, nu <= 2^500 and
+//     z in [2^-500, 2^500], so that no square over- or underflows -- in double-double
+//     (segura_b_dd, theorem4_b_dd): every sum there adds terms of one sign, so the result
+//     is the formula correctly rounded but for about 2^-100 relative.  Near z = 0 and
+//     z = inf the bounds are tight to well below an ulp of the ratio (both tend to
+//     z / (2 nu) and to 1), and a plain double evaluation (five or six roundings, up to
+//     3 ulp) then put an upper bound below the exact ratio by more than 2 ulp (theorem 4
+//     at nu = 0.002, z = 1.4e-5).  No branch and no library call but fma and sqrt, so the
+//     CPU block loop still vectorises (its AVX2 copy has fma).
+//   * elsewhere (extreme magnitudes; nan, infinities and z = 0 are handled by the caller)
+//     in double with hypot, so nothing over- or underflows (segura_b, theorem4_b):
+//     within about 3 ulp of the formula.
 // Both need 0 < z < inf and nu finite in the theorem's domain.
 constexpr double kBoundsFastMin = 0x1p-500, kBoundsFastMax = 0x1p500;
 
-template <bool InRange>
-VMF_INLINE double bound_hypot(double x, double y) {
-  if constexpr (InRange) {
-    return ::sqrt(x * x + y * y);
-  } else {
-    return ::hypot(x, y);
-  }
-}
-
 // B_alpha(nu, z) = z / (delta + sqrt(delta^2 + z^2)),
 // delta = (nu - 1/2) + lambda / (2 sqrt(lambda^2 + z^2)), lambda = nu + (alpha - 1)/2.
-// (sqrt(lambda^2 + z^2) >= z > 0.)
-template <bool InRange = false>
+// (sqrt(lambda^2 + z^2) >= z > 0.)  Extreme magnitudes only (see above).
 VMF_INLINE double segura_b(double nu, double z, double alpha) {
   const double lambda = nu + 0.5 * (alpha - 1.0);
-  const double h = bound_hypot<InRange>(lambda, z);  // (inf near DBL_MAX: then lambda/(2h) -> 0, negligible)
+  const double h = ::hypot(lambda, z);  // (inf near DBL_MAX: then lambda/(2h) -> 0, negligible)
   const double delta = (nu - 0.5) + lambda / (2.0 * h);
-  if constexpr (!InRange) {
-    // delta + sqrt(delta^2 + z^2) overflows near DBL_MAX (the bounds were 0 at nu = z = 1e308):
-    // a quarter scale there (exact; R <= 1, so the quotient is at most 4).
-    if (delta > kHugeArg || z > kHugeArg) return (z / (0.25 * delta + ::hypot(0.25 * delta, 0.25 * z))) * 0.25;
-  }
-  return z / (delta + bound_hypot<InRange>(delta, z));
+  // delta + sqrt(delta^2 + z^2) overflows near DBL_MAX (the bounds were 0 at nu = z = 1e308):
+  // a quarter scale there (exact; R <= 1, so the quotient is at most 4).
+  if (delta > kHugeArg || z > kHugeArg) return (z / (0.25 * delta + ::hypot(0.25 * delta, 0.25 * z))) * 0.25;
+  return z / (delta + ::hypot(delta, z));
+}
+
+// The same in double-double, where no square over- or underflows.  nu >= 1/2 and
+// alpha in {0, 2}, so lambda >= 0 and delta >= 0: no sum cancels.
+VMF_INLINE double segura_b_dd(double nu, double z, double alpha) {
+  const DD z2 = dd::two_prod(z, z);
+  const DD lambda = dd::two_sum(nu, 0.5 * (alpha - 1.0));
+  const DD h = dd::sqrt_positive(lambda * lambda + z2);
+  const DD delta = dd::two_sum(nu, -0.5) + dd::div(lambda, DD(2.0 * h.hi, 2.0 * h.lo));
+  return dd::to_double(dd::div(DD(z), delta + dd::sqrt_positive(delta * delta + z2)));
 }
 
 // Theorem 4's z / ((nu - c) + sqrt((nu + c)^2 + z^2)), c = 1/2 (lower) or 1 (upper).
@@ -665,31 +669,56 @@ VMF_INLINE double segura_b(double nu, double z, double alpha) {
 // lower bound was inf at nu = 0, z = 1e-9);
 // there it is (4 c nu + z^2) / (sqrt((nu + c)^2 + z^2) + (c - nu)), all terms >= 0, so
 // the bound is (h + c - nu) / (4 c nu / z + z), with z / (4 c nu) taken apart if 4 c nu / z
-// overflows (never in range).  Both forms are evaluated and one selected, so that the
-// in-range loop has no branch.
-template <bool InRange = false>
+// overflows.  Extreme magnitudes only (see above).
 VMF_INLINE double theorem4_b(double nu, double z, double c) {
-  if constexpr (!InRange) {
-    // as in segura_b: a quarter scale where (nu - c) + sqrt((nu + c)^2 + z^2) could overflow
-    if (nu > kHugeArg || z > kHugeArg) return (z / (0.25 * (nu - c) + ::hypot(0.25 * (nu + c), 0.25 * z))) * 0.25;
-  }
-  const double h = bound_hypot<InRange>(nu + c, z);
-  const double r_large = z / ((nu - c) + h);
+  // as in segura_b: a quarter scale where (nu - c) + sqrt((nu + c)^2 + z^2) could overflow
+  if (nu > kHugeArg || z > kHugeArg) return (z / (0.25 * (nu - c) + ::hypot(0.25 * (nu + c), 0.25 * z))) * 0.25;
+  const double h = ::hypot(nu + c, z);
+  if (nu >= c) return z / ((nu - c) + h);
   const double q = (4.0 * c * nu) / z;
   // (where q overflows z is tiny: multiply first, z / (4 c nu) alone rounded to 0 in the
   // subnormal range -- the upper bound was 0 below the lower at nu = 1/2, z = 5e-324)
-  const double r_small = (InRange || !is_inf(q)) ? (h + (c - nu)) / (q + z) : ((h + (c - nu)) * z) / (4.0 * c * nu);
-  return nu >= c ? r_large : r_small;
+  return !is_inf(q) ? (h + (c - nu)) / (q + z) : ((h + (c - nu)) * z) / (4.0 * c * nu);
+}
+
+// a where the mask is all ones, b where it is 0.
+VMF_INLINE double select_bits(uint64_t mask, double a, double b) {
+  return dd::from_bits((dd::bits(a) & mask) | (dd::bits(b) & ~mask));
+}
+
+// The same in double-double, where no square over- or underflows: for nu >= c the
+// denominator (nu - c) + h, for nu < c the rationalised z (h + (c - nu)) / (4 c nu + z^2),
+// all of whose sums add non-negative terms (4 c nu is exact: 4 c is 2 or 4).  Both forms
+// are formed and one quotient taken, so that the block loop has no branch.
+VMF_INLINE double theorem4_b_dd(double nu, double z, double c) {
+  const DD z2 = dd::two_prod(z, z);
+  const DD s = dd::two_sum(nu, c);
+  const DD h = dd::sqrt_positive(s * s + z2);
+  const DD num_small = (h + dd::two_sum(c, -nu)) * z, den_small = z2 + 4.0 * c * nu;
+  const DD den_large = dd::two_sum(nu, -c) + h;
+  // a select by bit mask: with a ?: GCC moved each form's arithmetic into a branch of its
+  // own, and the loop no longer vectorised
+  const uint64_t large = uint64_t{0} - static_cast<uint64_t>(nu >= c);
+  const DD num(select_bits(large, z, num_small.hi), select_bits(large, 0.0, num_small.lo));
+  const DD den(select_bits(large, den_large.hi, den_small.hi), select_bits(large, den_large.lo, den_small.lo));
+  return dd::to_double(dd::div(num, den));
+}
+
+// bounds_fast_range: where the double-double forms apply.
+template <int Theorem>
+VMF_INLINE bool bounds_fast_range(double nu, double z) {
+  const double lo_nu = Theorem == 5 ? 0.5 : 0.0;
+  return (nu >= lo_nu) & (nu <= kBoundsFastMax) & (z >= kBoundsFastMin) & (z <= kBoundsFastMax);
 }
 
 template <bool InRange>
 VMF_INLINE void bounds_formulas(double nu, double z, int theorem, double* lower, double* upper) {
   if (theorem == 5) {
-    *lower = segura_b<InRange>(nu, z, 2.0);
-    *upper = segura_b<InRange>(nu, z, 0.0);
+    *lower = InRange ? segura_b_dd(nu, z, 2.0) : segura_b(nu, z, 2.0);
+    *upper = InRange ? segura_b_dd(nu, z, 0.0) : segura_b(nu, z, 0.0);
   } else {
-    *lower = theorem4_b<InRange>(nu, z, 0.5);
-    *upper = theorem4_b<InRange>(nu, z, 1.0);
+    *lower = InRange ? theorem4_b_dd(nu, z, 0.5) : theorem4_b(nu, z, 0.5);
+    *upper = InRange ? theorem4_b_dd(nu, z, 1.0) : theorem4_b(nu, z, 1.0);
   }
 }
 
@@ -710,13 +739,12 @@ VMF_INLINE void iv_ratio_bounds(double nu, double z, int theorem, double* lower,
     *lower = *upper = 1.0;
     return;
   }
-  bounds_formulas<false>(nu, z, theorem, lower, upper);
-}
-
-template <int Theorem>
-VMF_INLINE bool bounds_fast_range(double nu, double z) {
-  const double lo_nu = Theorem == 5 ? 0.5 : 0.0;
-  return (nu >= lo_nu) & (nu <= kBoundsFastMax) & (z >= kBoundsFastMin) & (z <= kBoundsFastMax);
+  const bool in_range = theorem == 5 ? bounds_fast_range<5>(nu, z) : bounds_fast_range<4>(nu, z);
+  if (in_range) {
+    bounds_formulas<true>(nu, z, theorem, lower, upper);
+  } else {
+    bounds_formulas<false>(nu, z, theorem, lower, upper);
+  }
 }
 
 // iv_ratio_bounds where bounds_fast_range<Theorem>(nu, z) holds (garbage elsewhere).

@@ -142,6 +142,13 @@ VMF_INLINE double to_double(double a) { return a; }
 
 VMF_INLINE DD ldexp(DD a, int e) { return DD(::ldexp(a.hi, e), ::ldexp(a.lo, e)); }
 
+// sqrt of a > 0 (a.hi normal), branch-free so that loops over it vectorise.
+VMF_INLINE DD sqrt_positive(DD a) {
+  double x = ::sqrt(a.hi);
+  DD r = a - two_prod(x, x);  // Newton: x + (a - x^2) / (2x)
+  return quick_two_sum(x, r.hi / (2.0 * x));
+}
+
 VMF_INLINE DD sqrt(DD a) {
   if (!(a.hi > 0.0)) return DD(::sqrt(a.hi));
   double x = ::sqrt(a.hi);
