@@ -180,13 +180,18 @@ def test_gridsearch_matches_laplace_torch(likelihood):
 
 
 def test_laplace_factory():
+    """laplace-torch's defaults: the K-FAC Laplace of the last layer (tests/test_laplace_subsets.py
+    compares the numbers)."""
     model = _mlp()
-    assert type(Laplace(model, "classification", hessian_structure="kron")) is KFACLaplace
-    assert type(Laplace(model, "regression", "all", "ekfac", sigma_noise=0.5)) is EKFACLaplace
-    with pytest.raises(ValueError, match="hessian_structure must be one of"):
-        Laplace(model, "classification", hessian_structure="diag")
-    with pytest.raises(ValueError, match="subset_of_weights='last_layer' is not supported"):
-        Laplace(model, "classification", subset_of_weights="last_layer")
+    la = Laplace(model, "classification")
+    assert type(la) is KFACLaplace and la.subset_of_weights == "last_layer" and la.last_layer_name == "2"
+    assert la.n_params == 3 * 7 + 3
+    la = Laplace(model, "regression", "all", "ekfac", sigma_noise=0.5)
+    assert type(la) is EKFACLaplace and la.n_params == sum(p.numel() for p in model.parameters())
+    with pytest.raises(ValueError, match="hessian_structure must be one of .*'lowrank' is laplace-torch's"):
+        Laplace(model, "classification", hessian_structure="lowrank")
+    with pytest.raises(ValueError, match="subset_of_weights must be one of"):
+        Laplace(model, "classification", subset_of_weights="first_layer")
 
 
 def test_gridsearch_picks_the_best_validation_nll():

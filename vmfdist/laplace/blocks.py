@@ -16,10 +16,12 @@ from typing import Dict, List, Optional
 import torch
 from torch import nn
 
-from ..curvature import (TRANSPOSED_CONVS, KFACCollector, KroneckerFactor, batch_rows, check_layer, output_grads, per_example_second_moments,
+from ..curvature import (TRANSPOSED_CONVS, KFACCollector, KroneckerFactor, batch_nll, batch_rows, check_layer, output_grads, per_example_second_moments,
                          require_finite)
 
 SUPPORTED = (nn.Linear, nn.Conv2d)
+#: laplace-torch's ``subset_of_weights``: every trainable layer, the last one, or chosen layers
+SUBSETS = ("all", "last_layer", "subnetwork")
 SUPPORTED_NAMES = "torch.nn.Linear, torch.nn.Conv2d (groups=1, padding_mode='zeros')"
 
 
@@ -127,6 +129,40 @@ def find_blocks(model: nn.Module, separate_weight_and_bias: bool, owner: str, mo
     if not blocks:
         raise ValueError(f"{owner}: the model has no parameters that require a gradient")
     return blocks
+
+
+def _trainable_leaves(model: nn.Module):
+    """``(name, module)`` of the leaf modules that own a parameter requiring a gradient."""
+    for name, mod in model.named_modules():
+        if not any(True for _ in mod.children()) and any(p.requires_grad for p in mod.parameters(recurse=False)):
+            yield name, mod
+
+
+def last_registered_layer(model: nn.Module, owner: str) -> str:
+    """The name of the last leaf module with trainable parameters in registration order: the
+    last layer before a forward pass has shown the order of execution."""
+    names = [n for n, _ in _trainable_leaves(model)]
+    if not names:
+        raise ValueError(f"{owner}: the model has no parameters that require a gradient")
+    return names[-1]
+
+
+def last_executed_layer(model: nn.Module, X, owner: str) -> str:
+    """laplace-torch's last layer: the last leaf module (here: with trainable parameters) that a
+    forward pass on ``X`` runs."""
+    leaves = dict(_trainable_leaves(model))
+    order: List[str] = []
+    handles = [m.register_forward_hook(lambda mod, i, o, n=n: order.append(n)) for n, m in leaves.items()]
+    try:
+        with torch.no_grad():
+            model(X)
+    finally:
+        for h in handles:
+            h.remove()
+    if not order:
+        raise ValueError(f"{owner}: no layer with trainable parameters ran in the forward pass, so there is no last "
+                         f"layer; give last_layer_name=...")
+    return order[-1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,25 +311,31 @@ def unpack_batch(batch, what: str):
 
 def collect_block_moments(model: nn.Module, blocks: List[Block], factors: List[KroneckerFactor],
                           layers: Dict[str, nn.Module], batches, likelihood: str, fisher_type: str, mc_samples: int,
-                          generator: Optional[torch.Generator]) -> None:
+                          generator: Optional[torch.Generator]):
     r"""The EK-FAC pass of the Laplace: :math:`s = \sum_n\sum_c (Q_G^T\,\nabla_W\ell_{n,c}\,Q_A)^{\odot 2}`
     per block, in each block's own eigenbasis, into ``factors[i].moments`` (curvature's collector over
-    ``batches`` of ``(X, y)``)."""
+    ``batches`` of ``(X, y)``); with identity bases, the exact diagonal of the GGN.  Returns
+    ``(examples seen, summed negative log-likelihood (sigma 1), number of outputs)``."""
     for b, f in zip(blocks, factors):
-        f.moments = torch.zeros(b.out_dim, b.in_dim, dtype=f.G.dtype, device=f.G.device)
+        f.moments = torch.zeros(b.out_dim, b.in_dim, dtype=f.q_g.dtype, device=f.q_g.device)
     params = [p for b in blocks for p in b.params]
     by_name = {}
     for b, f in zip(blocks, factors):
         by_name.setdefault(b.module_name, []).append((b, f))
+    seen, loss, outputs = 0, 0.0, 0
     with KFACCollector(layers) as collector, torch.enable_grad():
         for X, y in batches:
             if batch_rows(X, y) == 0:
                 continue
-            _, stats = collector.collect(model, X, y, likelihood, fisher_type, params, mc_samples=mc_samples,
-                                         generator=generator)
+            out, stats = collector.collect(model, X, y, likelihood, fisher_type, params, mc_samples=mc_samples,
+                                           generator=generator)
+            with torch.no_grad():
+                loss = loss + batch_nll(out.detach(), y, likelihood)
+            seen, outputs = seen + out.shape[0], out.shape[1]
             for name, (a_full, gs) in stats.items():
                 for b, f in by_name[name]:
                     a = block_inputs(b, a_full)
                     f.moments += sum(per_example_second_moments(a, g, f.q_a, f.q_g) for g in gs)
     for b, f in zip(blocks, factors):
         require_finite(b.name, "EK-FAC second moments", f.moments)
+    return seen, loss, outputs

@@ -44,12 +44,12 @@ from torch import nn
 
 from ..curvature import (KFAC_APPROX, LIKELIHOODS, KroneckerFactor, batch_nll, canonical_fisher_type,
                          check_choice, check_output, compute_kfac, require_finite)
-from .blocks import (Block, ParameterLayout, collect_block_moments, find_blocks, given_block_moments, given_layer_factor,
-                     unpack_batch)
+from .blocks import (SUBSETS, Block, ParameterLayout, collect_block_moments, find_blocks, given_block_moments,
+                     given_layer_factor, last_executed_layer, last_registered_layer, unpack_batch)
 from .precision import KroneckerPrecision, checked_prior_mean, checked_prior_precision, checked_sigma_noise
 from .predictive import empty_predictive, glm_samples, glm_terms, link, validation_loss
 
-__all__ = ["KFACLaplace", "EKFACLaplace"]
+__all__ = ["KFACLaplace", "EKFACLaplace", "DiagLaplace", "KronLaplace", "KronLLLaplace", "EKFACLLLaplace", "DiagLLLaplace"]
 
 _PRED_TYPES = ("glm", "nn")
 _LINK_APPROX = ("probit", "mc", "bridge", "bridge_norm")
@@ -60,12 +60,14 @@ class _KroneckerLaplace:
     eigenvalues of the likelihood term)."""
 
     _ekfac = False
+    _diag = False
 
     def __init__(self, model: torch.nn.Module, likelihood: str, sigma_noise: Union[float, torch.Tensor] = 1.0,
                  prior_precision: Union[float, torch.Tensor] = 1.0, prior_mean: Union[float, torch.Tensor] = 0.0,
                  temperature: float = 1.0, enable_backprop: bool = False, *, damping: bool = False,
                  fisher_type: str = "ggn", kfac_approx: str = "expand", separate_weight_and_bias: bool = True,
-                 mc_samples: int = 1, generator: Optional[torch.Generator] = None, modules=None):
+                 mc_samples: int = 1, generator: Optional[torch.Generator] = None, modules=None,
+                 subset_of_weights: Optional[str] = None, last_layer_name: Optional[str] = None):
         owner = type(self).__name__
         if not isinstance(model, nn.Module):
             raise TypeError(f"{owner}: model must be a torch.nn.Module, got {type(model).__name__}")
@@ -92,13 +94,29 @@ class _KroneckerLaplace:
         self.generator = generator
         self.enable_backprop = bool(enable_backprop)
         self.temperature = float(temperature)
-        self._blocks: List[Block] = find_blocks(model, self.separate_weight_and_bias, owner, modules)
-        covered = {id(p) for b in self._blocks for p in b.params}
-        self.params: List[nn.Parameter] = [p for p in model.parameters() if id(p) in covered]
-        self.n_params = sum(p.numel() for p in self.params)
-        self.n_layers = len(self._blocks)
-        self._layout = ParameterLayout(self.params)
-        self._precision = KroneckerPrecision(self._blocks, self._layout, self._ekfac, self.damping)
+        subset = self._default_subset if subset_of_weights is None else subset_of_weights
+        try:
+            check_choice("subset_of_weights", subset, SUBSETS)
+        except ValueError as e:
+            raise ValueError(f"{owner}: {e}") from None
+        self.subset_of_weights = subset
+        self._last_layer_found = True
+        if subset == "last_layer":
+            if modules is not None:
+                raise ValueError(f"{owner}: subset_of_weights='last_layer' covers one layer; give last_layer_name=... "
+                                 f"(or use subset_of_weights='subnetwork' with modules=[...]), not modules")
+            if last_layer_name is None:
+                last_layer_name = last_registered_layer(model, owner)
+                self._last_layer_found = False  # confirmed by the first forward pass of fit (laplace-torch's rule)
+            modules = [last_layer_name]
+        elif last_layer_name is not None:
+            raise ValueError(f"{owner}: last_layer_name is for subset_of_weights='last_layer', got "
+                             f"subset_of_weights={subset!r}")
+        elif subset == "subnetwork" and modules is None:
+            raise ValueError(f"{owner}: subset_of_weights='subnetwork' needs modules=[...] (module names or modules); "
+                             f"a parameter mask (laplace-torch's subnetwork_indices) needs hessian_structure='full'")
+        self.last_layer_name = last_layer_name
+        self._setup_blocks(modules)
         if sigma_noise != 1 and likelihood != "regression":
             raise ValueError(f"{owner}: sigma_noise != 1 is only available for regression")
         self.sigma_noise = sigma_noise
@@ -110,6 +128,39 @@ class _KroneckerLaplace:
         self.mean: Optional[torch.Tensor] = None
         self._sums: Optional[Dict[int, KroneckerFactor]] = None  # per layer: A and G summed over the data
         self._fitted = False
+
+    #: ``subset_of_weights`` when none is given: all weights (laplace-torch's ``KronLaplace``);
+    #: the ``*LLLaplace`` classes and the :func:`~vmfdist.laplace.Laplace` factory use ``"last_layer"``
+    _default_subset = "all"
+
+    def _setup_blocks(self, modules) -> None:
+        """The blocks, parameters and precision structure over ``modules`` (None: every layer)."""
+        owner = type(self).__name__
+        self._blocks: List[Block] = find_blocks(self.model, self.separate_weight_and_bias, owner, modules)
+        covered = {id(p) for b in self._blocks for p in b.params}
+        self.params: List[nn.Parameter] = [p for p in self.model.parameters() if id(p) in covered]
+        self.n_params = sum(p.numel() for p in self.params)
+        self.n_layers = len(self._blocks)
+        self._layout = ParameterLayout(self.params)
+        self._precision = KroneckerPrecision(self._blocks, self._layout, self._ekfac, self.damping)
+
+    def _find_last_layer(self, train_loader) -> None:
+        """laplace-torch's rule: the last layer is the last leaf module the forward pass runs (here:
+        the last with trainable parameters), found on the first batch; the blocks move to it if the
+        guess from the registration order was another."""
+        owner = type(self).__name__
+        for batch in train_loader:
+            X, _ = unpack_batch(batch, "train_loader")
+            name = last_executed_layer(self.model, X.to(self._device), owner)
+            break
+        else:
+            return  # no data: fit reports it
+        if name != self.last_layer_name:
+            pp, pm = self._prior_precision, self._prior_mean
+            self._setup_blocks([name])
+            self.last_layer_name = name
+            self.prior_precision, self.prior_mean = pp, pm  # checked again for the new layer
+        self._last_layer_found = True
 
     # ------------------------------------------------------------------------ properties
     @property
@@ -132,7 +183,8 @@ class _KroneckerLaplace:
     @prior_precision.setter
     def prior_precision(self, prior_precision) -> None:
         self._prior_precision = checked_prior_precision(prior_precision, [b.name for b in self._blocks],
-                                                        self._device, self._dtype)
+                                                        self._device, self._dtype,
+                                                        self.n_params if self._diag else None)
 
     @property
     def prior_mean(self) -> torch.Tensor:
@@ -161,6 +213,8 @@ class _KroneckerLaplace:
     @property
     def prior_precision_diag(self) -> torch.Tensor:
         """The prior precision of every parameter, ``(n_params,)`` in parameter order."""
+        if self._precision.per_parameter(self.prior_precision):
+            return self.prior_precision.clone()
         out = torch.empty(self.n_params, device=self._device, dtype=self._dtype)
         for i, b in enumerate(self._blocks):
             for p in b.params:
@@ -195,13 +249,18 @@ class _KroneckerLaplace:
         ``fisher_type="mc"`` the EK-FAC pass replays the labels of the first pass when the
         loader yields the batches in the same order."""
         owner = type(self).__name__
-        if not override and self._ekfac and self._fitted:
+        if not override and self._ekfac and not self._diag and self._fitted:
             raise ValueError(f"{owner}.fit(override=False) is not supported: the EK-FAC second moments of earlier "
                              f"data cannot be moved to the new eigenbasis; fit on all the data at once")
         if train_loader is None:
             raise ValueError(f"{owner}.fit: train_loader is None; pass an iterable of (inputs, targets) batches")
+        if not self._last_layer_found:
+            self.model.eval()
+            self._find_last_layer(train_loader)
         fresh = override or self._sums is None
         self.model.eval()
+        if self._diag:
+            return self._fit_diagonal(train_loader, fresh)
         layers = self._layers_dict()
         gen = self.generator
         if gen is None and self.fisher_type == "mc":
@@ -237,6 +296,38 @@ class _KroneckerLaplace:
         self.n_outputs = res.settings["num_outputs"]
         for b, f in zip(self._blocks, factors):
             b.factor = f
+        self.mean = torch.cat([p.detach().reshape(-1) for p in self.params])
+        self._fitted = True
+
+    def _fit_diagonal(self, train_loader, fresh: bool) -> None:
+        """:class:`DiagLaplace`'s fit: the exact diagonal of the GGN (the EK-FAC second moments in the
+        identity basis), in one pass over the data."""
+        owner = type(self).__name__
+        layers = self._layers_dict()
+        factors = []
+        for b in self._blocks:
+            f = KroneckerFactor(None, None)
+            f.q_g = torch.eye(b.out_dim, dtype=self._dtype, device=self._device)
+            f.q_a = torch.eye(b.in_dim, dtype=self._dtype, device=self._device)
+            factors.append(f)
+        gen = self.generator
+        if gen is None and self.fisher_type == "mc":
+            gen = torch.Generator(device=self._device)
+            gen.manual_seed(int(torch.randint(0, 2 ** 62, (1,))))
+        fisher = "type-2" if self.fisher_type == "ggn" else self.fisher_type
+        seen, loss, outputs = collect_block_moments(self.model, self._blocks, factors, layers, self._data(train_loader),
+                                                    self.likelihood, fisher, self.mc_samples, gen)
+        if seen == 0:
+            raise ValueError(f"{owner}.fit: train_loader yielded no data")
+        if not fresh:
+            for b, f in zip(self._blocks, factors):
+                f.moments = f.moments + b.factor.moments
+        for b, f in zip(self._blocks, factors):
+            b.factor = f
+        self._sums = {}
+        self.n_data = seen if fresh else self.n_data + seen
+        self.loss = loss if fresh else self.loss + loss
+        self.n_outputs = outputs
         self.mean = torch.cat([p.detach().reshape(-1) for p in self.params])
         self._fitted = True
 
@@ -352,6 +443,98 @@ class _KroneckerLaplace:
             kwargs.setdefault("sigma_noise", sigma)
         return cls.from_curvature(optimizer.model, optimizer.likelihood, curv, train_loader, **kwargs)
 
+    # ------------------------------------------------------------------------ saving
+    _FACTOR_FIELDS = ("A", "G", "d_a", "q_a", "d_g", "q_g", "moments")
+
+    def state_dict(self) -> dict:
+        """Everything a fitted approximation holds -- the mean, the curvature (each block's factors,
+        eigenbases and moments, and the per-layer sums that ``fit(override=False)`` extends), the
+        hyper-parameters and the data counts -- as tensors and plain values, for ``torch.save``.
+        As in laplace-torch the model is not included: save it with its own ``state_dict``, and
+        give :meth:`load_state_dict` an approximation built on the same model (at the same
+        parameters)."""
+        self._check_fitted()
+        by_name = {b.module_name: id(b.module) for b in self._blocks}
+        return {
+            "cls_name": type(self).__name__, "likelihood": self.likelihood,
+            "subset_of_weights": self.subset_of_weights, "last_layer_name": self.last_layer_name,
+            "blocks": [b.name for b in self._blocks], "fisher_type": self.fisher_type,
+            "separate_weight_and_bias": self.separate_weight_and_bias, "damping": self.damping,
+            "temperature": self.temperature, "enable_backprop": self.enable_backprop,
+            "mean": self.mean, "loss": self.loss, "n_data": self.n_data, "n_outputs": self.n_outputs,
+            "prior_mean": self.prior_mean, "prior_precision": self.prior_precision, "sigma_noise": self.sigma_noise,
+            "factors": [{k: getattr(b.factor, k) for k in self._FACTOR_FIELDS} for b in self._blocks],
+            "sums": {name: (self._sums[i].A, self._sums[i].G) for name, i in by_name.items() if i in self._sums},
+        }
+
+    # pickling (torch.save of the whole object): the layout and the per-layer sums are keyed by the
+    # ids of parameters and modules, which unpickled copies do not keep
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_layout"] = None
+        if self._sums is not None:
+            names = {id(b.module): b.module_name for b in self._blocks}
+            state["_sums"] = {names[i]: f for i, f in self._sums.items()}
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._layout = ParameterLayout(self.params)
+        self._precision.layout = self._layout
+        if self._sums is not None:
+            layers = self._layers_dict()
+            self._sums = {id(layers[name]): f for name, f in self._sums.items()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore a fit saved by :meth:`state_dict` into this approximation, which must be of the
+        same class, likelihood and structure (the same blocks) over the same model; the model
+        itself is not touched (as in laplace-torch)."""
+        owner = type(self).__name__
+        if not isinstance(state_dict, dict) or "cls_name" not in state_dict:
+            raise ValueError(f"{owner}.load_state_dict: state_dict must be a dict from {owner}.state_dict()")
+        if state_dict["cls_name"] != owner:
+            raise ValueError(f"{owner}.load_state_dict: the state is of a {state_dict['cls_name']}; build the "
+                             f"same class (subset_of_weights and hessian_structure) to load it")
+        for key in ("likelihood", "subset_of_weights", "fisher_type", "separate_weight_and_bias", "damping"):
+            if getattr(self, key) != state_dict[key]:
+                raise ValueError(f"{owner}.load_state_dict: {key} is {getattr(self, key)!r} here but "
+                                 f"{state_dict[key]!r} in the state")
+        if self.subset_of_weights == "last_layer" and state_dict["last_layer_name"] != self.last_layer_name:
+            if self.last_layer_name is not None and self._last_layer_found:
+                raise ValueError(f"{owner}.load_state_dict: the last layer is {self.last_layer_name!r} here but "
+                                 f"{state_dict['last_layer_name']!r} in the state")
+            self._setup_blocks([state_dict["last_layer_name"]])
+            self.last_layer_name = state_dict["last_layer_name"]
+        self._last_layer_found = True
+        names = [b.name for b in self._blocks]
+        if names != state_dict["blocks"]:
+            raise ValueError(f"{owner}.load_state_dict: the blocks here {names} differ from the state's "
+                             f"{state_dict['blocks']}")
+        mean = state_dict["mean"]
+        if mean.shape != (self.n_params,):
+            raise ValueError(f"{owner}.load_state_dict: the state's mean has {mean.numel()} entries, this model "
+                             f"{self.n_params} parameters")
+        dev, dt = self._device, self._dtype
+
+        def to(t):
+            return None if t is None else t.to(device=dev, dtype=dt)
+
+        for b, f in zip(self._blocks, state_dict["factors"]):
+            b.factor = KroneckerFactor(to(f["A"]), to(f["G"]))
+            for k in self._FACTOR_FIELDS[2:]:
+                setattr(b.factor, k, to(f[k]))
+        layers = self._layers_dict()
+        self._sums = {id(layers[name]): KroneckerFactor(to(A), to(G)) for name, (A, G) in state_dict["sums"].items()}
+        self.temperature, self.enable_backprop = state_dict["temperature"], state_dict["enable_backprop"]
+        self.sigma_noise = state_dict["sigma_noise"]
+        self.prior_precision = state_dict["prior_precision"]
+        self.prior_mean = state_dict["prior_mean"]
+        self.mean = to(mean)
+        loss = state_dict["loss"]
+        self.loss = to(loss) if isinstance(loss, torch.Tensor) else loss
+        self.n_data, self.n_outputs = state_dict["n_data"], state_dict["n_outputs"]
+        self._fitted = True
+
     # ------------------------------------------------------------------------ the posterior
     def posterior(self) -> Dict[str, torch.distributions.Distribution]:
         """The posterior of each block as a distribution over its ``(out, in)`` parameter
@@ -458,13 +641,17 @@ class _KroneckerLaplace:
         if pred_type not in _PRED_TYPES:
             raise ValueError(f"pred_type must be one of {_PRED_TYPES}, got {pred_type!r}")
         if method == "marglik":
-            if prior_structure not in ("scalar", "layerwise"):
-                raise ValueError(f"prior_structure must be 'scalar' or 'layerwise' for a Kronecker-factored "
-                                 f"posterior, got {prior_structure!r}")
+            structures = ("scalar", "layerwise", "diag") if self._diag else ("scalar", "layerwise")
+            if prior_structure not in structures:
+                raise ValueError(f"prior_structure must be one of {structures} for {type(self).__name__}, got "
+                                 f"{prior_structure!r}" + ("" if self._diag else " ('diag', one per parameter, "
+                                                          "needs a diagonal posterior: DiagLaplace)"))
             init = init_prior_prec if isinstance(init_prior_prec, torch.Tensor) else torch.tensor(init_prior_prec)
             self.prior_precision = init
             if self.prior_precision.numel() == 1 and prior_structure == "layerwise":
                 self.prior_precision = self.prior_precision.expand(self.n_layers).clone()
+            elif self.prior_precision.numel() == 1 and prior_structure == "diag":
+                self.prior_precision = self.prior_precision.expand(self.n_params).clone()
             log_pp = self.prior_precision.log().detach().clone().requires_grad_(True)
             opt = torch.optim.Adam([log_pp], lr=lr)
             objective = self._prior_objective()
@@ -687,3 +874,51 @@ class EKFACLaplace(_KroneckerLaplace):
     over the data."""
 
     _ekfac = True
+
+
+class DiagLaplace(_KroneckerLaplace):
+    r"""Diagonal Laplace approximation (laplace-torch's ``DiagLaplace``): the likelihood term is
+    the exact diagonal of the GGN, :math:`\sum_n\sum_c (\nabla_\theta \ell_{n,c})^{\odot 2}` over
+    the backpropagated columns of the loss-Hessian square root -- EK-FAC's second moments in the
+    identity basis, from the same collection pass (per-layer inputs and output gradients; no
+    per-example Jacobians), so it costs one pass and scales as K-FAC does.  The prior precision may
+    also be one value per parameter (laplace-torch's ``prior_structure="diag"``).  Same arguments as
+    :class:`KFACLaplace` (no ``damping``); ``fit(override=False)`` adds data."""
+
+    _ekfac = True  # the precision's eigenvalues are the moments, in a basis (here the identity)
+    _diag = True
+
+    @classmethod
+    def from_curvature(cls, *args, **kwargs):
+        raise ValueError("DiagLaplace has no Kronecker factors to take over: fit it on the data "
+                         "(one pass, the exact GGN diagonal)")
+
+    @classmethod
+    def from_optimizer(cls, *args, **kwargs):
+        raise ValueError("DiagLaplace has no Kronecker factors to take over: fit it on the data "
+                         "(one pass, the exact GGN diagonal)")
+
+
+#: laplace-torch's name for the all-weights K-FAC Laplace
+KronLaplace = KFACLaplace
+
+
+class KronLLLaplace(KFACLaplace):
+    """laplace-torch's ``KronLLLaplace``: :class:`KFACLaplace` over the last layer (the last layer
+    with trainable parameters that the forward pass runs, found on the first batch of ``fit``
+    unless ``last_layer_name`` is given)."""
+
+    _default_subset = "last_layer"
+
+
+class EKFACLLLaplace(EKFACLaplace):
+    """:class:`EKFACLaplace` over the last layer (as :class:`KronLLLaplace`)."""
+
+    _default_subset = "last_layer"
+
+
+class DiagLLLaplace(DiagLaplace):
+    """laplace-torch's ``DiagLLLaplace``: :class:`DiagLaplace` over the last layer (as
+    :class:`KronLLLaplace`)."""
+
+    _default_subset = "last_layer"

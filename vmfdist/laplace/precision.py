@@ -35,10 +35,18 @@ class KroneckerPrecision:
         self.ekfac = bool(ekfac)
         self.damping = bool(damping) and not self.ekfac
 
-    @staticmethod
-    def delta(pp: torch.Tensor, i: int) -> torch.Tensor:
-        """The prior precision of block ``i`` from ``pp`` (one value or one per block)."""
-        return pp[0] if pp.numel() == 1 else pp[i]
+    def per_parameter(self, pp: torch.Tensor) -> bool:
+        """Whether ``pp`` holds one prior precision per parameter (diagonal posteriors only)."""
+        return pp.numel() not in (1, len(self.blocks))
+
+    def delta(self, pp: torch.Tensor, i: int) -> torch.Tensor:
+        """The prior precision of block ``i`` from ``pp``: one value, one per block, or (one per
+        parameter) the block's ``(out, in_blk)`` matrix of them."""
+        if pp.numel() == 1:
+            return pp[0]
+        if not self.per_parameter(pp):
+            return pp[i]
+        return self.layout.block_matrix(self.blocks[i], pp)
 
     def likelihood_eigenvalues(self, b: Block) -> torch.Tensor:
         """:math:`\\Lambda` of a block (without ``h``), ``(out, in_blk)``; for a bias block ``(out,)``."""
@@ -72,11 +80,15 @@ class KroneckerPrecision:
         return sum(e.log().sum() for e in self.all_eigenvalues(h, pp))
 
     def log_det_prior(self, pp: torch.Tensor) -> torch.Tensor:
-        """:math:`\\log\\det P_0` of the isotropic per-block prior."""
+        """:math:`\\log\\det P_0` of the diagonal prior."""
+        if self.per_parameter(pp):
+            return pp.log().sum()
         return sum(b.numel * self.delta(pp, i).log() for i, b in enumerate(self.blocks))
 
     def prior_scatter(self, d: torch.Tensor, pp: torch.Tensor) -> torch.Tensor:
         """:math:`d^T P_0 d` for a parameter vector ``d``."""
+        if self.per_parameter(pp):
+            return (pp * d.square()).sum()
         total = 0.0
         for i, b in enumerate(self.blocks):
             total = total + self.delta(pp, i) * self.layout.block_square_sum(b, d)
@@ -116,8 +128,12 @@ class KroneckerPrecision:
         sq = torch.stack(sq).detach()
         n = torch.tensor(n, dtype=lam.dtype, device=lam.device)
         n_blocks = len(self.blocks)
+        d_sq = d.detach().square()
 
         def fast(pp):
+            if self.per_parameter(pp):  # lam is in block-matrix order: so are the prior precisions
+                delta = torch.cat([self.layout.block_matrix(b, pp).reshape(-1) for b in self.blocks])
+                return 0.5 * (torch.log(lam + delta).sum() - pp.log().sum() + (pp * d_sq).sum())
             delta = pp.expand(n_blocks)
             return 0.5 * (torch.log(lam + delta[idx]).sum() - (n * delta.log()).sum() + (delta * sq).sum())
         return fast
@@ -192,8 +208,10 @@ def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def checked_prior_precision(value, block_names: List[str], device, dtype) -> torch.Tensor:
-    """``prior_precision`` as a 1-d tensor of one value or one per block, finite and positive."""
+def checked_prior_precision(value, block_names: List[str], device, dtype, n_params: Optional[int] = None
+                            ) -> torch.Tensor:
+    """``prior_precision`` as a 1-d tensor of one value, one per block or (``n_params`` given: a
+    diagonal posterior) one per parameter, finite and positive."""
     name, n_blocks = "prior_precision", len(block_names)
     if isinstance(value, torch.Tensor):
         pp = value.to(device=device, dtype=dtype)
@@ -205,9 +223,10 @@ def checked_prior_precision(value, block_names: List[str], device, dtype) -> tor
         pp = torch.tensor([float(value)], device=device, dtype=dtype)
     else:
         raise ValueError(f"{name} must be a number or a tensor, got {type(value).__name__}")
-    if pp.numel() not in (1, n_blocks):
-        raise ValueError(f"{name} must hold 1 value or one per block ({n_blocks} blocks: {block_names}), got "
-                         f"{pp.numel()} values")
+    if pp.numel() not in (1, n_blocks) and (n_params is None or pp.numel() != n_params):
+        per_param = "" if n_params is None else f" or one per parameter ({n_params})"
+        raise ValueError(f"{name} must hold 1 value or one per block ({n_blocks} blocks: {block_names}){per_param}, "
+                         f"got {pp.numel()} values")
     if not bool(torch.isfinite(pp).all()) or not bool((pp > 0).all()):
         raise ValueError(f"{name} must be finite and positive, got {pp.detach().cpu().tolist()}")
     return pp
