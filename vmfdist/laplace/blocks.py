@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ..curvature import (TRANSPOSED_CONVS, KFACCollector, KroneckerFactor, batch_nll, batch_rows, check_layer, output_grads, per_example_second_moments,
@@ -166,6 +167,40 @@ def last_executed_layer(model: nn.Module, X, owner: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# fitting under torch.distributed: every rank passes its shard of the data
+def ranks(distributed: bool, owner: str) -> int:
+    """The number of ranks to reduce over: 1 unless ``distributed``, which needs an initialised
+    ``torch.distributed`` process group."""
+    if not distributed:
+        return 1
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(f"{owner}.fit: distributed=True needs an initialised torch.distributed process group "
+                         f"(torch.distributed.init_process_group); without one, fit on all the data in one process")
+    return dist.get_world_size()
+
+
+def all_sum(value, world: int):
+    """``value`` (a tensor or a number) summed over the ranks (itself when ``world`` is 1)."""
+    if world == 1:
+        return value
+    if isinstance(value, torch.Tensor):
+        t = value.detach().clone().contiguous()
+        dist.all_reduce(t)
+        return t
+    t = torch.tensor(value, dtype=torch.float64 if isinstance(value, float) else torch.int64)
+    dist.all_reduce(t)
+    return t.item()
+
+
+def broadcast(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Rank 0's ``t`` on every rank."""
+    if t is None:
+        return None
+    t = t.contiguous()
+    dist.broadcast(t, 0)
+    return t
+
+
 def block_inputs(b: Block, a_full: torch.Tensor) -> torch.Tensor:
     """The block's input columns ``(B, L, in_blk)`` from the layer's patches with the
     appended 1 (curvature's :func:`~vmfdist.curvature.input_patches`): the layer input, the

@@ -44,8 +44,9 @@ from torch import nn
 
 from ..curvature import (KFAC_APPROX, LIKELIHOODS, KroneckerFactor, batch_nll, canonical_fisher_type,
                          check_choice, check_output, compute_kfac, require_finite)
-from .blocks import (SUBSETS, Block, ParameterLayout, collect_block_moments, find_blocks, given_block_moments,
-                     given_layer_factor, last_executed_layer, last_registered_layer, unpack_batch)
+from .blocks import (SUBSETS, Block, ParameterLayout, all_sum, broadcast, collect_block_moments, find_blocks,
+                     given_block_moments, given_layer_factor, last_executed_layer, last_registered_layer, ranks,
+                     unpack_batch)
 from .precision import KroneckerPrecision, checked_prior_mean, checked_prior_precision, checked_sigma_noise
 from .predictive import empty_predictive, glm_samples, glm_terms, link, validation_loss
 
@@ -82,6 +83,8 @@ class _KroneckerLaplace:
         if damping and self._ekfac:
             raise ValueError(f"{owner}: damping (the sqrt-damped Kronecker form) applies to KFACLaplace only; "
                              f"EK-FAC has no Kronecker factors to damp")
+        if isinstance(model, nn.parallel.DistributedDataParallel):  # its hooks would wait for a backward
+            model = model.module
         if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
             raise ValueError(f"{owner}: temperature must be a finite positive number, got {temperature!r}")
         self.model = model
@@ -238,17 +241,25 @@ class _KroneckerLaplace:
             out.setdefault(b.module_name, b.module)
         return out
 
-    def fit(self, train_loader, override: bool = True, progress_bar: bool = False) -> None:
+    def fit(self, train_loader, override: bool = True, progress_bar: bool = False, distributed: bool = False) -> None:
         """Collect the Kronecker factors over ``train_loader`` (``(X, y)`` batches) at the
         model's current parameters (the MAP estimate) with
         ``vmfdist.curvature.compute_kfac``, eigendecompose them, and (EK-FAC) collect the
         second moments in the eigenbasis in a second pass over the data.
 
-        ``override=False`` adds the data to the factors of the previous ``fit`` (K-FAC only).
+        ``override=False`` adds the data to the factors of the previous ``fit`` (K-FAC and the diagonal; not EK-FAC).
         The number of examples :math:`N` is counted from the batches.  For
         ``fisher_type="mc"`` the EK-FAC pass replays the labels of the first pass when the
-        loader yields the batches in the same order."""
+        loader yields the batches in the same order.
+
+        ``distributed=True`` (under an initialised ``torch.distributed`` process group): each rank
+        passes its own shard of the data (e.g. through a ``DistributedSampler``); the sums of the
+        factors, the EK-FAC / diagonal moments, the loss and :math:`N` are all-reduced, and the
+        eigenbases are computed on rank 0 and broadcast, so that every rank holds the
+        approximation of the whole data -- equal to rounding to one process fitting it all (for
+        ``fisher_type="mc"`` each rank draws its own labels)."""
         owner = type(self).__name__
+        world = ranks(distributed, owner)
         if not override and self._ekfac and not self._diag and self._fitted:
             raise ValueError(f"{owner}.fit(override=False) is not supported: the EK-FAC second moments of earlier "
                              f"data cannot be moved to the new eigenbasis; fit on all the data at once")
@@ -260,7 +271,7 @@ class _KroneckerLaplace:
         fresh = override or self._sums is None
         self.model.eval()
         if self._diag:
-            return self._fit_diagonal(train_loader, fresh)
+            return self._fit_diagonal(train_loader, fresh, world)
         layers = self._layers_dict()
         gen = self.generator
         if gen is None and self.fisher_type == "mc":
@@ -277,29 +288,37 @@ class _KroneckerLaplace:
                 raise ValueError(f"{owner}.fit: train_loader yielded no data") from None
             raise
         # nothing of the approximation changes before the new curvature is complete
-        N_new = res.num_data
+        N_shard = res.num_data
+        N_new = all_sum(N_shard, world)
         sums = {}
         for name, mod in layers.items():
             lf, old = res[name], None if fresh else self._sums[id(mod)]
-            A, G = lf.A * N_new, lf.G * N_new  # sums over the data
+            A, G = all_sum(lf.A * N_shard, world), all_sum(lf.G * N_shard, world)  # sums over the data
             sums[id(mod)] = KroneckerFactor(A, G) if old is None else KroneckerFactor(old.A + A, old.G + G)
         n_data = N_new if fresh else self.n_data + N_new
         factors = self._block_factors(sums, n_data)
+        if world > 1:  # one eigenbasis for all ranks: rank 0's
+            for f in factors:
+                for k in ("d_a", "q_a", "d_g", "q_g"):
+                    setattr(f, k, broadcast(getattr(f, k)))
         if self._ekfac:
             if gen is not None:
                 gen.set_state(gen_state)
             fisher = "type-2" if self.fisher_type == "ggn" else self.fisher_type
             collect_block_moments(self.model, self._blocks, factors, layers, self._data(train_loader),
                                   self.likelihood, fisher, self.mc_samples, gen)
+            for f in factors:
+                f.moments = all_sum(f.moments, world)
+        loss = all_sum(res.loss, world)
         self._sums, self.n_data = sums, n_data
-        self.loss = res.loss if fresh else self.loss + res.loss
+        self.loss = loss if fresh else self.loss + loss
         self.n_outputs = res.settings["num_outputs"]
         for b, f in zip(self._blocks, factors):
             b.factor = f
         self.mean = torch.cat([p.detach().reshape(-1) for p in self.params])
         self._fitted = True
 
-    def _fit_diagonal(self, train_loader, fresh: bool) -> None:
+    def _fit_diagonal(self, train_loader, fresh: bool, world: int = 1) -> None:
         """:class:`DiagLaplace`'s fit: the exact diagonal of the GGN (the EK-FAC second moments in the
         identity basis), in one pass over the data."""
         owner = type(self).__name__
@@ -318,7 +337,10 @@ class _KroneckerLaplace:
         seen, loss, outputs = collect_block_moments(self.model, self._blocks, factors, layers, self._data(train_loader),
                                                     self.likelihood, fisher, self.mc_samples, gen)
         if seen == 0:
-            raise ValueError(f"{owner}.fit: train_loader yielded no data")
+            raise ValueError(f"{owner}.fit: train_loader yielded no data" + (" on this rank" if world > 1 else ""))
+        seen, loss = all_sum(seen, world), all_sum(loss, world)
+        for f in factors:
+            f.moments = all_sum(f.moments, world)
         if not fresh:
             for b, f in zip(self._blocks, factors):
                 f.moments = f.moments + b.factor.moments
@@ -857,6 +879,13 @@ class KFACLaplace(_KroneckerLaplace):
             laplace-torch); ``False`` gives one block per layer with the bias as an appended
             input of 1 (Ritter et al.).
         modules: the layers covered (modules or names); the other parameters stay at their values.
+        subset_of_weights: laplace-torch's choice of parameters: ``"all"`` (the default here;
+            every trainable layer, or ``modules``), ``"last_layer"`` (the last layer with trainable
+            parameters that the forward pass runs, found on the first batch of ``fit``; the
+            default of :class:`KronLLLaplace` and of :func:`~vmfdist.laplace.Laplace`) or
+            ``"subnetwork"`` (``modules`` required).
+        last_layer_name: the last layer's module name (``subset_of_weights="last_layer"``),
+            instead of finding it from the forward pass.
 
     Supported: ``nn.Linear`` / ``nn.Conv2d`` (groups 1, zero padding) parameters in float32 or
     float64; tied parameters, other trainable modules and float16 are refused by name.  ``fit``
