@@ -334,11 +334,15 @@ def gradient_factor(g: torch.Tensor, kfac_approx: str = "expand") -> torch.Tenso
 def per_example_second_moments(a: torch.Tensor, g: torch.Tensor, q_a: torch.Tensor, q_g: torch.Tensor
                                ) -> torch.Tensor:
     r""":math:`\sum_n \big(Q_G^T(\sum_t g_{n,t}a_{n,t}^T)Q_A\big)^{\odot 2}`, an ``(out, in)`` matrix (a sum
-    over the batch): the per-example gradient is summed over locations before squaring."""
+    over the batch): the per-example gradient is summed over locations before squaring.  ``None``
+    bases are the identity (the diagonal of the GGN)."""
     if a.shape[1] == 1:
-        return (g[:, 0] @ q_g).square_().mT @ (a[:, 0] @ q_a).square_()
-    gp = g @ q_g  # (B, T, out)
-    ap = a @ q_a  # (B, T, in)
+        gp, ap = g[:, 0], a[:, 0]
+        gp = gp.square() if q_g is None else (gp @ q_g).square_()
+        ap = ap.square() if q_a is None else (ap @ q_a).square_()
+        return gp.mT @ ap
+    gp = g if q_g is None else g @ q_g  # (B, T, out)
+    ap = a if q_a is None else a @ q_a  # (B, T, in)
     per = gp.mT @ ap  # (B, out, in)
     return per.pow(2).sum(0)
 

@@ -352,7 +352,8 @@ def collect_block_moments(model: nn.Module, blocks: List[Block], factors: List[K
     ``batches`` of ``(X, y)``); with identity bases, the exact diagonal of the GGN.  Returns
     ``(examples seen, summed negative log-likelihood (sigma 1), number of outputs)``."""
     for b, f in zip(blocks, factors):
-        f.moments = torch.zeros(b.out_dim, b.in_dim, dtype=f.q_g.dtype, device=f.q_g.device)
+        p0 = b.params[0]
+        f.moments = torch.zeros(b.out_dim, b.in_dim, dtype=p0.dtype, device=p0.device)
     params = [p for b in blocks for p in b.params]
     by_name = {}
     for b, f in zip(blocks, factors):

@@ -323,12 +323,7 @@ class _KroneckerLaplace:
         identity basis), in one pass over the data."""
         owner = type(self).__name__
         layers = self._layers_dict()
-        factors = []
-        for b in self._blocks:
-            f = KroneckerFactor(None, None)
-            f.q_g = torch.eye(b.out_dim, dtype=self._dtype, device=self._device)
-            f.q_a = torch.eye(b.in_dim, dtype=self._dtype, device=self._device)
-            factors.append(f)
+        factors = [KroneckerFactor(None, None) for _ in self._blocks]  # bases None: the identity
         gen = self.generator
         if gen is None and self.fisher_type == "mc":
             gen = torch.Generator(device=self._device)

@@ -106,7 +106,10 @@ class KroneckerPrecision:
         :math:`Q_G^T V Q_A`, and the block's precision eigenvalues."""
         for i, b in enumerate(self.blocks):
             f = b.factor
-            yield f.q_g.T @ self.layout.block_matrix(b, vec) @ f.q_a, self.eigenvalues(i, h, self.delta(pp, i))
+            m = self.layout.block_matrix(b, vec)
+            if f.q_g is not None:  # (None: the identity basis of a diagonal posterior)
+                m = f.q_g.T @ m @ f.q_a
+            yield m, self.eigenvalues(i, h, self.delta(pp, i))
 
     def prior_objective(self, h: torch.Tensor, d: torch.Tensor):
         """``pp -> (log det P - log det P0 + d^T P0 d) / 2`` for the fixed likelihood factor ``h`` and
@@ -158,7 +161,11 @@ class KroneckerPrecision:
                 out[b.name] = MatrixNormal(loc, row_covariance=0.5 * (U + U.T), column_covariance=0.5 * (V + V.T))
             else:
                 var = 1.0 / self.eigenvalues(i, h, delta)
-                out[b.name] = EigenvalueCorrectedMatrixNormal(loc, f.q_g, f.q_a, var)
+                q_g, q_a = f.q_g, f.q_a
+                if q_g is None:  # a diagonal posterior: the identity bases
+                    q_g = torch.eye(b.out_dim, dtype=loc.dtype, device=loc.device)
+                    q_a = torch.eye(b.in_dim, dtype=loc.dtype, device=loc.device)
+                out[b.name] = EigenvalueCorrectedMatrixNormal(loc, q_g, q_a, var)
         return out
 
     def sample(self, n_samples: int, mean: torch.Tensor, h: torch.Tensor, pp: torch.Tensor,
@@ -166,6 +173,13 @@ class KroneckerPrecision:
         """``(n_samples, n_params)`` draws, each block by its posterior distribution (the compiled
         Kronecker-eigenbasis sampler, never a dense Cholesky)."""
         out = torch.empty((n_samples, self.layout.numel), dtype=mean.dtype, device=mean.device)
+        if all(b.factor.q_g is None for b in self.blocks):  # diagonal: mean + eps / sqrt(precision)
+            for i, b in enumerate(self.blocks):
+                sd = self.eigenvalues(i, h, self.delta(pp, i)).rsqrt()
+                eps = torch.randn((n_samples,) + tuple(sd.shape), dtype=sd.dtype, device=sd.device,
+                                  generator=generator)
+                self.layout.scatter(b, self.layout.block_matrix(b, mean) + eps * sd, out)
+            return out
         for b, d in zip(self.blocks, self.posterior(mean, h, pp).values()):
             self.layout.scatter(b, d.sample((n_samples,), generator=generator), out)
         return out

@@ -30,8 +30,10 @@ def glm_terms(model: nn.Module, blocks: List[Block], X: torch.Tensor, enable_bac
     terms = []
     for b in blocks:
         a, g = grads[id(b.module)]
-        u = g @ b.factor.q_g  # (K, B, L, out)
-        v = block_inputs(b, a) @ b.factor.q_a  # (B, L, in)
+        q_g, q_a = b.factor.q_g, b.factor.q_a  # (None: the identity, a diagonal posterior)
+        u = g if q_g is None else g @ q_g  # (K, B, L, out)
+        v = block_inputs(b, a)
+        v = v if q_a is None else v @ q_a  # (B, L, in)
         if not enable_backprop:
             u, v = u.detach(), v.detach()
         if u.shape[2] == 1:
