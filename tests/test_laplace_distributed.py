@@ -16,7 +16,7 @@ from torch import nn
 from vmfdist.laplace import Laplace
 
 DT = torch.float64
-CASES = [("all", "kron"), ("all", "ekfac"), ("all", "diag"), ("last_layer", "kron")]
+CASES = [("all", "kron"), ("all", "ekfac"), ("all", "diag"), ("all", "full"), ("last_layer", "kron")]
 
 
 def _setup():

@@ -112,6 +112,29 @@ def test_readme_example_gives_laplace_torchs_numbers(example, likelihood, n_out)
         torch.testing.assert_close(g, w.reshape(g.shape), rtol=1e-8, atol=1e-10)
 
 
+def test_readme_marglik_example_with_the_full_ggn():
+    """The README's own structure for the marginal-likelihood example, hessian_structure="full"
+    (laplace-torch's default backend rounds the full GGN to float32, so BackPACK's is the
+    reference: tests/test_laplace_full.py)."""
+    from laplace.curvature import BackPackGGN
+
+    train, _, _ = _loaders("regression", 1)
+    model = _train(_model(1), train, "regression")
+
+    class Peer:  # laplace-torch with the float64 backend
+        @staticmethod
+        def Laplace(*args, **kwargs):
+            return theirs.Laplace(*args, backend=BackPackGGN, **kwargs)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = _readme_marglik(ours, model, train, structure="full")
+        want = _readme_marglik(Peer, model, train, structure="full")
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w.reshape(g.shape), rtol=1e-8, atol=1e-10)
+
+
 @pytest.mark.parametrize("subset", ["last_layer", "all"])
 def test_kron_evidence_gradient_in_sigma_is_right(subset):
     """laplace-torch 0.3's KronLaplace gives the right log evidence but a wrong gradient in

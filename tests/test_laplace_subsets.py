@@ -318,6 +318,6 @@ def test_subset_arguments_are_checked():
     la = KFACLaplace(model, "classification")
     X, y = _data("classification")
     la.fit(_loader(X, y))
-    with pytest.raises(ValueError, match="'diag', one per parameter, needs a diagonal posterior"):
+    with pytest.raises(ValueError, match="'diag', one per parameter, needs a diagonal or full posterior"):
         la.optimize_prior_precision(prior_structure="diag")
     assert KronLaplace is KFACLaplace

@@ -36,32 +36,33 @@ laplace-torch switches by changing one import.  See ``docs/laplace.md``.
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 from typing import Callable, Dict, List, Optional, Union
 
 import torch
 from torch import nn
 
-from ..curvature import (KFAC_APPROX, LIKELIHOODS, KroneckerFactor, batch_nll, canonical_fisher_type,
-                         check_choice, check_output, compute_kfac, require_finite)
+from ..curvature import KFAC_APPROX, LIKELIHOODS, KroneckerFactor, canonical_fisher_type, check_choice, compute_kfac
 from .blocks import (SUBSETS, Block, ParameterLayout, all_sum, broadcast, collect_block_moments, find_blocks,
-                     given_block_moments, given_layer_factor, last_executed_layer, last_registered_layer, ranks,
-                     unpack_batch)
+                     last_executed_layer, last_registered_layer, ranks, unpack_batch)
 from .precision import KroneckerPrecision, checked_prior_mean, checked_prior_precision, checked_sigma_noise
 from .predictive import empty_predictive, glm_samples, glm_terms, link, validation_loss
+from .reuse import FromFactorsMixin
+from .saving import SavingMixin
 
-__all__ = ["KFACLaplace", "EKFACLaplace", "DiagLaplace", "KronLaplace", "KronLLLaplace", "EKFACLLLaplace", "DiagLLLaplace"]
+__all__ = ["KFACLaplace", "EKFACLaplace", "KronLaplace", "KronLLLaplace", "EKFACLLLaplace"]
 
 _PRED_TYPES = ("glm", "nn")
 _LINK_APPROX = ("probit", "mc", "bridge", "bridge_norm")
 
 
-class _KroneckerLaplace:
+class _KroneckerLaplace(FromFactorsMixin, SavingMixin):
     """What :class:`KFACLaplace` and :class:`EKFACLaplace` share (everything but the
     eigenvalues of the likelihood term)."""
 
     _ekfac = False
     _diag = False
+    #: the prior precisions offered: one, one per block, and (diagonal and full posteriors) one per parameter
+    _prior_structures = ("scalar", "layerwise")
 
     def __init__(self, model: torch.nn.Module, likelihood: str, sigma_noise: Union[float, torch.Tensor] = 1.0,
                  prior_precision: Union[float, torch.Tensor] = 1.0, prior_mean: Union[float, torch.Tensor] = 0.0,
@@ -187,7 +188,8 @@ class _KroneckerLaplace:
     def prior_precision(self, prior_precision) -> None:
         self._prior_precision = checked_prior_precision(prior_precision, [b.name for b in self._blocks],
                                                         self._device, self._dtype,
-                                                        self.n_params if self._diag else None)
+                                                        self._precision.dim if "diag" in self._prior_structures
+                                                        else None)
 
     @property
     def prior_mean(self) -> torch.Tensor:
@@ -215,14 +217,8 @@ class _KroneckerLaplace:
 
     @property
     def prior_precision_diag(self) -> torch.Tensor:
-        """The prior precision of every parameter, ``(n_params,)`` in parameter order."""
-        if self._precision.per_parameter(self.prior_precision):
-            return self.prior_precision.clone()
-        out = torch.empty(self.n_params, device=self._device, dtype=self._dtype)
-        for i, b in enumerate(self._blocks):
-            for p in b.params:
-                self._layout.part(p, out)[...] = self._delta(i)
-        return out
+        """The prior precision of every posterior coordinate, ``(n_params,)`` in parameter order."""
+        return self._precision.prior_diag(self.prior_precision).clone()
 
     # ------------------------------------------------------------------------ fitting
     def _check_fitted(self):
@@ -318,36 +314,6 @@ class _KroneckerLaplace:
         self.mean = torch.cat([p.detach().reshape(-1) for p in self.params])
         self._fitted = True
 
-    def _fit_diagonal(self, train_loader, fresh: bool, world: int = 1) -> None:
-        """:class:`DiagLaplace`'s fit: the exact diagonal of the GGN (the EK-FAC second moments in the
-        identity basis), in one pass over the data."""
-        owner = type(self).__name__
-        layers = self._layers_dict()
-        factors = [KroneckerFactor(None, None) for _ in self._blocks]  # bases None: the identity
-        gen = self.generator
-        if gen is None and self.fisher_type == "mc":
-            gen = torch.Generator(device=self._device)
-            gen.manual_seed(int(torch.randint(0, 2 ** 62, (1,))))
-        fisher = "type-2" if self.fisher_type == "ggn" else self.fisher_type
-        seen, loss, outputs = collect_block_moments(self.model, self._blocks, factors, layers, self._data(train_loader),
-                                                    self.likelihood, fisher, self.mc_samples, gen)
-        if seen == 0:
-            raise ValueError(f"{owner}.fit: train_loader yielded no data" + (" on this rank" if world > 1 else ""))
-        seen, loss = all_sum(seen, world), all_sum(loss, world)
-        for f in factors:
-            f.moments = all_sum(f.moments, world)
-        if not fresh:
-            for b, f in zip(self._blocks, factors):
-                f.moments = f.moments + b.factor.moments
-        for b, f in zip(self._blocks, factors):
-            b.factor = f
-        self._sums = {}
-        self.n_data = seen if fresh else self.n_data + seen
-        self.loss = loss if fresh else self.loss + loss
-        self.n_outputs = outputs
-        self.mean = torch.cat([p.detach().reshape(-1) for p in self.params])
-        self._fitted = True
-
     def _block_factors(self, sums: Dict[int, KroneckerFactor], n_data: int) -> List[KroneckerFactor]:
         """Each block's factor -- ``G`` summed over the data, ``A`` averaged -- from the layers'
         summed factors (joint weight-and-bias layout, as ``vmfdist.curvature`` computes them),
@@ -358,199 +324,6 @@ class _KroneckerLaplace:
             kind = "joint" if b.kind == "weight" and b.module.bias is None else b.kind  # no bias column in A
             out.append(KroneckerFactor(s.A / n_data, s.G).block(kind).eigen())
         return out
-
-    @classmethod
-    def from_curvature(cls, model: torch.nn.Module, likelihood: str, curvature, train_loader=None, *,
-                       num_data: Optional[int] = None, **kwargs):
-        r"""A Laplace approximation from Kronecker factors computed elsewhere, with no
-        curvature pass of its own.
-
-        Args:
-            model: the network at the MAP estimate.
-            likelihood: ``"classification"`` or ``"regression"``.
-            curvature: a ``vmfdist.curvature.KFACResult`` (from
-                ``compute_kfac``) or a mapping from layer names to
-                objects or dicts with ``A`` and ``G``: the curvature *per data point*
-                :math:`G\otimes A` in curvature's layout (the bias as an appended input of 1),
-                for a Gaussian likelihood of standard deviation ``curvature.sigma_noise`` (1
-                for a mapping).  For :class:`EKFACLaplace` also the second moments
-                ``eigenvalues`` (or ``S``) in the basis ``q_g``, ``q_a`` (joint blocks only).
-            train_loader: the training data, for the log-likelihood term of the evidence (one
-                forward pass, no backward).  Without it, :meth:`log_marginal_likelihood` is not
-                available, but the posterior, the predictive and ``optimize_prior_precision``
-                (marginal likelihood up to the constant log-likelihood) are.
-            num_data: :math:`N`; required unless ``curvature`` carries it.
-            **kwargs: as for the constructor (``separate_weight_and_bias``, ``prior_precision``,
-                ``sigma_noise``, ``temperature``, ...).  Only the layers in ``curvature`` are covered.
-        """
-        layers = curvature.layers if hasattr(curvature, "layers") else curvature
-        if not hasattr(layers, "items") or len(layers) == 0:
-            raise ValueError("curvature must be a vmfdist.curvature.KFACResult or a non-empty mapping from layer "
-                             "names to factors")
-        N = num_data if num_data is not None else getattr(curvature, "num_data", None)
-        if N is None:
-            raise ValueError("num_data (the number of training examples N) is required: the factors are per data "
-                             "point and the posterior precision is N * G (x) A + prior")
-        if not (isinstance(N, int) and N >= 1):
-            raise ValueError(f"num_data must be a positive int, got {N!r}")
-        c_like = getattr(curvature, "likelihood", likelihood)
-        if c_like != likelihood:
-            raise ValueError(f"likelihood {likelihood!r} does not match the curvature's likelihood {c_like!r}")
-        c_sigma2 = float(getattr(curvature, "sigma_noise", 1.0)) ** 2
-        kwargs.setdefault("separate_weight_and_bias", False)
-        la = cls(model, likelihood, modules=list(layers.keys()), **kwargs)
-        sums = {}
-        for name, mod in la._layers_dict().items():
-            f = given_layer_factor(name, layers[name], mod, la._dtype)
-            sums[id(mod)] = KroneckerFactor(f.A * N, f.G * (N * c_sigma2))
-        factors = la._block_factors(sums, N)
-        if la._ekfac:
-            for b, bf in zip(la._blocks, factors):
-                bf.q_g, bf.q_a, moments = given_block_moments(b, layers[b.module_name], la._dtype)
-                bf.moments = moments * (N * c_sigma2)
-                require_finite(b.name, "EK-FAC second moments", bf.moments)
-        loss = None
-        if train_loader is not None:
-            loss, seen = 0.0, 0
-            with torch.no_grad():
-                for X, y in la._data(train_loader):
-                    out = check_output(la.model(X))
-                    loss = loss + batch_nll(out, y, la.likelihood)
-                    la.n_outputs = out.shape[1]
-                    seen += out.shape[0]
-            if seen == 0:
-                raise ValueError("train_loader yielded no data")
-        for b, bf in zip(la._blocks, factors):
-            b.factor = bf
-        la._sums, la.n_data, la.loss = sums, N, loss
-        la.mean = torch.cat([p.detach().reshape(-1) for p in la.params])
-        la._fitted = True
-        return la
-
-    @classmethod
-    def from_optimizer(cls, optimizer, train_loader=None, **kwargs):
-        r"""A Laplace approximation that reuses a trained noisy K-FAC / EK-FAC optimizer's
-        (``vmfdist.optim``) Kronecker factors: no curvature pass.
-
-        The optimizer's variational posterior has precision
-        :math:`\frac N\lambda\,(G\otimes A) + \frac1\eta I` (KL weight :math:`\lambda`, prior
-        variance :math:`\eta`), so the defaults are ``prior_precision = 1/prior_var`` and
-        ``temperature = kl_weight``, with the optimizer's ``sigma_noise``; any of them can be
-        overridden.  The prior is added exactly in the eigenbasis (the optimizer's factored
-        damping with :math:`\pi` is not reproduced).  :class:`EKFACLaplace` needs a
-        ``NoisyEKFAC`` (its second moments, in its eigenbasis); :class:`KFACLaplace` takes
-        either.  ``train_loader`` as for :meth:`from_curvature`."""
-        for attr in ("model", "kronecker_factors", "num_data", "likelihood"):
-            if not hasattr(optimizer, attr):
-                raise TypeError(f"from_optimizer expects a vmfdist.optim NoisyKFAC / NoisyEKFAC optimizer (missing "
-                                f"attribute {attr!r}), got {type(optimizer).__name__}")
-        hp = getattr(optimizer, "hp", {})
-        sigma = float(getattr(optimizer, "sigma_noise", 1.0))
-        factors = optimizer.kronecker_factors()
-        if cls._ekfac and any(f.moments is None for f in factors.values()):
-            raise ValueError("EKFACLaplace.from_optimizer needs a NoisyEKFAC optimizer (second moments in "
-                             "the eigenbasis); use KFACLaplace.from_optimizer for NoisyKFAC")
-        curv = SimpleNamespace(layers=factors, num_data=optimizer.num_data, likelihood=optimizer.likelihood,
-                               sigma_noise=sigma)  # the optimizer's factors, per data point, for its sigma_noise
-        if "prior_var" in hp:
-            kwargs.setdefault("prior_precision", 1.0 / hp["prior_var"])
-        if hp.get("kl_weight", 0) > 0:
-            kwargs.setdefault("temperature", float(hp["kl_weight"]))
-        if optimizer.likelihood == "regression":
-            kwargs.setdefault("sigma_noise", sigma)
-        return cls.from_curvature(optimizer.model, optimizer.likelihood, curv, train_loader, **kwargs)
-
-    # ------------------------------------------------------------------------ saving
-    _FACTOR_FIELDS = ("A", "G", "d_a", "q_a", "d_g", "q_g", "moments")
-
-    def state_dict(self) -> dict:
-        """Everything a fitted approximation holds -- the mean, the curvature (each block's factors,
-        eigenbases and moments, and the per-layer sums that ``fit(override=False)`` extends), the
-        hyper-parameters and the data counts -- as tensors and plain values, for ``torch.save``.
-        As in laplace-torch the model is not included: save it with its own ``state_dict``, and
-        give :meth:`load_state_dict` an approximation built on the same model (at the same
-        parameters)."""
-        self._check_fitted()
-        by_name = {b.module_name: id(b.module) for b in self._blocks}
-        return {
-            "cls_name": type(self).__name__, "likelihood": self.likelihood,
-            "subset_of_weights": self.subset_of_weights, "last_layer_name": self.last_layer_name,
-            "blocks": [b.name for b in self._blocks], "fisher_type": self.fisher_type,
-            "separate_weight_and_bias": self.separate_weight_and_bias, "damping": self.damping,
-            "temperature": self.temperature, "enable_backprop": self.enable_backprop,
-            "mean": self.mean, "loss": self.loss, "n_data": self.n_data, "n_outputs": self.n_outputs,
-            "prior_mean": self.prior_mean, "prior_precision": self.prior_precision, "sigma_noise": self.sigma_noise,
-            "factors": [{k: getattr(b.factor, k) for k in self._FACTOR_FIELDS} for b in self._blocks],
-            "sums": {name: (self._sums[i].A, self._sums[i].G) for name, i in by_name.items() if i in self._sums},
-        }
-
-    # pickling (torch.save of the whole object): the layout and the per-layer sums are keyed by the
-    # ids of parameters and modules, which unpickled copies do not keep
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_layout"] = None
-        if self._sums is not None:
-            names = {id(b.module): b.module_name for b in self._blocks}
-            state["_sums"] = {names[i]: f for i, f in self._sums.items()}
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._layout = ParameterLayout(self.params)
-        self._precision.layout = self._layout
-        if self._sums is not None:
-            layers = self._layers_dict()
-            self._sums = {id(layers[name]): f for name, f in self._sums.items()}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        """Restore a fit saved by :meth:`state_dict` into this approximation, which must be of the
-        same class, likelihood and structure (the same blocks) over the same model; the model
-        itself is not touched (as in laplace-torch)."""
-        owner = type(self).__name__
-        if not isinstance(state_dict, dict) or "cls_name" not in state_dict:
-            raise ValueError(f"{owner}.load_state_dict: state_dict must be a dict from {owner}.state_dict()")
-        if state_dict["cls_name"] != owner:
-            raise ValueError(f"{owner}.load_state_dict: the state is of a {state_dict['cls_name']}; build the "
-                             f"same class (subset_of_weights and hessian_structure) to load it")
-        for key in ("likelihood", "subset_of_weights", "fisher_type", "separate_weight_and_bias", "damping"):
-            if getattr(self, key) != state_dict[key]:
-                raise ValueError(f"{owner}.load_state_dict: {key} is {getattr(self, key)!r} here but "
-                                 f"{state_dict[key]!r} in the state")
-        if self.subset_of_weights == "last_layer" and state_dict["last_layer_name"] != self.last_layer_name:
-            if self.last_layer_name is not None and self._last_layer_found:
-                raise ValueError(f"{owner}.load_state_dict: the last layer is {self.last_layer_name!r} here but "
-                                 f"{state_dict['last_layer_name']!r} in the state")
-            self._setup_blocks([state_dict["last_layer_name"]])
-            self.last_layer_name = state_dict["last_layer_name"]
-        self._last_layer_found = True
-        names = [b.name for b in self._blocks]
-        if names != state_dict["blocks"]:
-            raise ValueError(f"{owner}.load_state_dict: the blocks here {names} differ from the state's "
-                             f"{state_dict['blocks']}")
-        mean = state_dict["mean"]
-        if mean.shape != (self.n_params,):
-            raise ValueError(f"{owner}.load_state_dict: the state's mean has {mean.numel()} entries, this model "
-                             f"{self.n_params} parameters")
-        dev, dt = self._device, self._dtype
-
-        def to(t):
-            return None if t is None else t.to(device=dev, dtype=dt)
-
-        for b, f in zip(self._blocks, state_dict["factors"]):
-            b.factor = KroneckerFactor(to(f["A"]), to(f["G"]))
-            for k in self._FACTOR_FIELDS[2:]:
-                setattr(b.factor, k, to(f[k]))
-        layers = self._layers_dict()
-        self._sums = {id(layers[name]): KroneckerFactor(to(A), to(G)) for name, (A, G) in state_dict["sums"].items()}
-        self.temperature, self.enable_backprop = state_dict["temperature"], state_dict["enable_backprop"]
-        self.sigma_noise = state_dict["sigma_noise"]
-        self.prior_precision = state_dict["prior_precision"]
-        self.prior_mean = state_dict["prior_mean"]
-        self.mean = to(mean)
-        loss = state_dict["loss"]
-        self.loss = to(loss) if isinstance(loss, torch.Tensor) else loss
-        self.n_data, self.n_outputs = state_dict["n_data"], state_dict["n_outputs"]
-        self._fitted = True
 
     # ------------------------------------------------------------------------ the posterior
     def posterior(self) -> Dict[str, torch.distributions.Distribution]:
@@ -632,7 +405,7 @@ class _KroneckerLaplace:
         """Log density of the Laplace posterior at ``value`` ``(..., n_params)``."""
         if not normalized:
             return -0.5 * self.square_norm(value)
-        return (-0.5 * self.n_params * math.log(2 * math.pi) + 0.5 * self.log_det_posterior_precision
+        return (-0.5 * self._precision.dim * math.log(2 * math.pi) + 0.5 * self.log_det_posterior_precision
                 - 0.5 * self.square_norm(value))
 
     # ------------------------------------------------------------------------ prior precision
@@ -658,17 +431,17 @@ class _KroneckerLaplace:
         if pred_type not in _PRED_TYPES:
             raise ValueError(f"pred_type must be one of {_PRED_TYPES}, got {pred_type!r}")
         if method == "marglik":
-            structures = ("scalar", "layerwise", "diag") if self._diag else ("scalar", "layerwise")
+            structures = self._prior_structures
             if prior_structure not in structures:
                 raise ValueError(f"prior_structure must be one of {structures} for {type(self).__name__}, got "
-                                 f"{prior_structure!r}" + ("" if self._diag else " ('diag', one per parameter, "
-                                                          "needs a diagonal posterior: DiagLaplace)"))
+                                 f"{prior_structure!r}" + ("" if "diag" in structures else " ('diag', one per "
+                                                          "parameter, needs a diagonal or full posterior)"))
             init = init_prior_prec if isinstance(init_prior_prec, torch.Tensor) else torch.tensor(init_prior_prec)
             self.prior_precision = init
             if self.prior_precision.numel() == 1 and prior_structure == "layerwise":
                 self.prior_precision = self.prior_precision.expand(self.n_layers).clone()
             elif self.prior_precision.numel() == 1 and prior_structure == "diag":
-                self.prior_precision = self.prior_precision.expand(self.n_params).clone()
+                self.prior_precision = self.prior_precision.expand(self._precision.dim).clone()
             log_pp = self.prior_precision.log().detach().clone().requires_grad_(True)
             opt = torch.optim.Adam([log_pp], lr=lr)
             objective = self._prior_objective()
@@ -769,8 +542,10 @@ class _KroneckerLaplace:
         """:math:`J P^{-1} J^T` for Jacobians ``Js`` ``(batch, outputs, n_params)`` (as
         laplace-torch's ``functional_variance``)."""
         self._check_fitted()
-        if Js.dim() != 3 or Js.shape[-1] != self.n_params:
-            raise ValueError(f"Js must have shape (batch, outputs, n_params={self.n_params}), got {tuple(Js.shape)}")
+        d = self._precision.dim
+        if Js.dim() != 3 or Js.shape[-1] != d:
+            raise ValueError(f"Js must have shape (batch, outputs, {d}) (the posterior's coordinates), got "
+                             f"{tuple(Js.shape)}")
         return self._precision.functional_variance(Js, self._H_factor, self.prior_precision)
 
     def __call__(self, x: torch.Tensor, pred_type: str = "glm", joint: bool = False, link_approx: str = "probit",
@@ -900,29 +675,6 @@ class EKFACLaplace(_KroneckerLaplace):
     _ekfac = True
 
 
-class DiagLaplace(_KroneckerLaplace):
-    r"""Diagonal Laplace approximation (laplace-torch's ``DiagLaplace``): the likelihood term is
-    the exact diagonal of the GGN, :math:`\sum_n\sum_c (\nabla_\theta \ell_{n,c})^{\odot 2}` over
-    the backpropagated columns of the loss-Hessian square root -- EK-FAC's second moments in the
-    identity basis, from the same collection pass (per-layer inputs and output gradients; no
-    per-example Jacobians), so it costs one pass and scales as K-FAC does.  The prior precision may
-    also be one value per parameter (laplace-torch's ``prior_structure="diag"``).  Same arguments as
-    :class:`KFACLaplace` (no ``damping``); ``fit(override=False)`` adds data."""
-
-    _ekfac = True  # the precision's eigenvalues are the moments, in a basis (here the identity)
-    _diag = True
-
-    @classmethod
-    def from_curvature(cls, *args, **kwargs):
-        raise ValueError("DiagLaplace has no Kronecker factors to take over: fit it on the data "
-                         "(one pass, the exact GGN diagonal)")
-
-    @classmethod
-    def from_optimizer(cls, *args, **kwargs):
-        raise ValueError("DiagLaplace has no Kronecker factors to take over: fit it on the data "
-                         "(one pass, the exact GGN diagonal)")
-
-
 #: laplace-torch's name for the all-weights K-FAC Laplace
 KronLaplace = KFACLaplace
 
@@ -937,12 +689,5 @@ class KronLLLaplace(KFACLaplace):
 
 class EKFACLLLaplace(EKFACLaplace):
     """:class:`EKFACLaplace` over the last layer (as :class:`KronLLLaplace`)."""
-
-    _default_subset = "last_layer"
-
-
-class DiagLLLaplace(DiagLaplace):
-    """laplace-torch's ``DiagLLLaplace``: :class:`DiagLaplace` over the last layer (as
-    :class:`KronLLLaplace`)."""
 
     _default_subset = "last_layer"

@@ -32,12 +32,23 @@ class KroneckerPrecision:
     def __init__(self, blocks: List[Block], layout: ParameterLayout, ekfac: bool, damping: bool):
         self.blocks = blocks
         self.layout = layout
+        self.dim = layout.numel  # the posterior's dimension
         self.ekfac = bool(ekfac)
         self.damping = bool(damping) and not self.ekfac
 
     def per_parameter(self, pp: torch.Tensor) -> bool:
         """Whether ``pp`` holds one prior precision per parameter (diagonal posteriors only)."""
         return pp.numel() not in (1, len(self.blocks))
+
+    def prior_diag(self, pp: torch.Tensor) -> torch.Tensor:
+        """The prior precision of every parameter, ``(n_params,)`` in parameter order."""
+        if self.per_parameter(pp):
+            return pp
+        out = torch.empty(self.dim, device=pp.device, dtype=pp.dtype)
+        for i, b in enumerate(self.blocks):
+            for p in b.params:
+                self.layout.part(p, out)[...] = self.delta(pp, i)
+        return out
 
     def delta(self, pp: torch.Tensor, i: int) -> torch.Tensor:
         """The prior precision of block ``i`` from ``pp``: one value, one per block, or (one per
