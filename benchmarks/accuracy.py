@@ -444,8 +444,9 @@ def render_markdown(res):
           "Bracket: the lower bound must not exceed the exact ratio, nor the upper bound fall below it, by more than "
           "2 ulp (of the exact ratio). *excess* is the largest of (lower − R) and (R − upper) in ulp: negative means "
           "strictly inside.", "", str(t),
-          "Accuracy of the computed bounds against their own formulas (evaluated in mpmath), in ulp (no target; they "
-          "are closed forms computed with hypot so that nothing overflows):", ""]
+          "Accuracy of the computed bounds against their own formulas (evaluated in mpmath), in ulp: correctly "
+          "rounded (double-double) for orders up to 2^500 and arguments in [2^-500, 2^500], in double with hypot "
+          "beyond (docs/special.md):", ""]
     t = H.Table("bound", "points", "max", "median", "worst at (ν, z)", right=(1, 2, 3))
     for k, c in sorted(res["bound_formulas"].items()):
         t.add(k, c["n"], _fmt(c["max"]), _fmt(c["median"]), _fmt_point(c["worst"]))
