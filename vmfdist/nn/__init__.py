@@ -29,12 +29,12 @@ from .predictive import (PredictiveCategorical, accuracy, brier_score, calibrati
                          log_likelihood, mutual_information, nll, ood_auroc, predict, predictive_entropy, rmse)
 from .prune import architecture, compress, count_flops, count_parameters, gap_threshold, log_modes  # noqa: F401
 from .radial import RadialConv2d, RadialLinear  # noqa: F401
-from .rdp import RDPConv2d, RDPLinear, RDPPosterior, concentration_for_mean_length  # noqa: F401
+from .rdp import RDPConv2d, RDPLinear, RDPPosterior, concentration_for_mean_length, param_groups  # noqa: F401
 
 __all__ = [
     "BayesianModule", "MODES",
     "MeanFieldLinear", "MeanFieldConv2d", "RadialLinear", "RadialConv2d", "RDPLinear", "RDPConv2d",
-    "RDPPosterior", "concentration_for_mean_length",
+    "RDPPosterior", "concentration_for_mean_length", "param_groups",
     "kl_divergence", "deterministic", "set_mode", "sample_forward", "bayesian_modules", "check_finite",
     "ELBO", "Likelihood", "Categorical", "Gaussian", "GammaPrecisionGaussian",
     "to_bayesian", "to_deterministic", "posterior_as_prior",

@@ -524,3 +524,27 @@ class RDPConv2d(_ConvOps, _RDP):
 
     def extra_repr(self):
         return _conv_repr(self) + f", bias={self.bias_mu is not None}, grouping={self.grouping!r}, mode={self.mode!r}"
+
+
+def param_groups(model: nn.Module, radius_lr: float = 1e-2) -> list:
+    r"""Optimizer parameter groups that give the RDP radius parameters (the log-normal local and
+    global scales of every :class:`RDPLinear` / :class:`RDPConv2d`) their own learning rate:
+
+    ``torch.optim.Adam(vmfdist.nn.param_groups(model, radius_lr=1e-2), lr=1e-3)``
+
+    The first group holds every other parameter and takes the optimizer's ``lr``.  With one
+    learning rate of 1e-3 for everything, Adam moves a log-radius by at most about 1e-3 a step,
+    so a run of a few thousand steps cannot shrink a group's radius by the orders of magnitude
+    that pruning needs: a 64-100-100-10 MLP on scikit-learn's digits trained 60 epochs kept every
+    neuron (log-modes all near 0.3, no gap).  With ``radius_lr=1e-2`` the same run pruned 20 %
+    of the hidden neurons (2.8 % test error against 2.3 %), and 3e-2 about a third (docs/nn.md).  The
+    authors' MNIST runs use 1e-3 for everything, over 120,000 steps."""
+    if not (isinstance(radius_lr, (int, float)) and math.isfinite(radius_lr) and radius_lr > 0):
+        raise ValueError(f"param_groups: radius_lr must be a finite positive number, got {radius_lr!r}")
+    radius_ids = {id(m.local_radius) for m in model.modules() if isinstance(m, _RDPFactor)}
+    radius_ids |= {id(m.global_radius) for m in model.modules() if isinstance(m, _RDPFactor)}
+    radius = [p for p in model.parameters() if id(p) in radius_ids]
+    rest = [p for p in model.parameters() if id(p) not in radius_ids]
+    if not radius:
+        raise ValueError("param_groups: the model has no RDP layers (use vmfdist.nn.to_bayesian(model, 'rdp'))")
+    return [{"params": rest}, {"params": radius, "lr": float(radius_lr)}]
