@@ -59,6 +59,20 @@ TORCH_LIBRARY(vmfdist, m) {
   m.def("vmf_sample_backward(Tensor grad_x, Tensor? grad_one_minus_w, Tensor loc, Tensor concentration, "
         "Tensor x, Tensor one_minus_w, bool loc_grad=True, bool concentration_grad=True) -> (Tensor, Tensor)");
 
+  // ---- Power spherical (csrc/include/vmfdist/power_spherical.h) ----
+  // num_samples draws from PowerSpherical(loc[b], concentration[b]) (De Cao & Aziz 2020) for
+  // every batch row b: returns x (num_samples, batch, d) and 1 - t = 1 - mu^T x
+  // (num_samples, batch).  Row r uses the Philox streams (seed, offset, r) (the marginal,
+  // t = 2B - 1 with B ~ Beta((d-1)/2 + kappa, (d-1)/2) from two Gamma variates) and
+  // (seed, offset + 1, r) (the tangent normals, as vmf_sample); the reflection is
+  // vmf_sample's, so its backward with respect to loc is vmf_sample_backward's.
+  m.def("power_spherical_sample(Tensor loc, Tensor concentration, SymInt num_samples, *, Generator? generator=None, "
+        "int? seed=None, int? offset=None) -> (Tensor, Tensor)",
+        {at::Tag::nondeterministic_seeded});
+  // dt/dkappa of the power spherical marginal on S^{dim-1} at t = 1 - one_minus_t (implicit
+  // reparameterisation through the Beta CDF; elementwise, broadcasting).
+  m.def("power_spherical_marginal_grad(Tensor one_minus_t, Tensor concentration, int dim) -> Tensor");
+
   // ---- Radial noise (csrc/include/vmfdist/radial.h) ----
   // out[s] = loc + scale * eps_s * r_s / |eps_s| (|.| over the event, or per row of the
   // last dimension when rowwise); returns (out (num_samples, *loc.shape), coef = r / |eps|

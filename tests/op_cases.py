@@ -116,6 +116,22 @@ def _vmf_marginal_grad(dev, dt, n, layout="contiguous"):
     return (lib.vmf_marginal_grad(_to(omw, dev, dt, layout), _to(kap, dev, dt, layout), 17),)
 
 
+def _power_spherical_sample(dev, dt, n, layout="contiguous"):
+    g = _gen(21)
+    d = max(n, 2)
+    loc, kap = _unit_rows(3, d, g), torch.tensor([0.0, 0.5 * d, 5.0 * d], dtype=F64)
+    if layout == "broadcast":  # one row expanded to the batch
+        loc, kap = loc[:1].expand(3, d), kap[1:2].expand(3)
+        return lib.power_spherical_sample(loc.to(dev, dt), kap.to(dev, dt), n, seed=43, offset=1)
+    return lib.power_spherical_sample(_to(loc, dev, dt, layout), _to(kap, dev, dt, layout), n, seed=43, offset=1)
+
+
+def _power_spherical_marginal_grad(dev, dt, n, layout="contiguous"):
+    omt, kap = _nu_z(n, layout, 0.0, 2.0, 1e-2, 1e3, 22)
+    return (lib.power_spherical_marginal_grad(_to(omt, dev, dt, layout), _to(kap, dev, dt, layout), 17),
+            lib.power_spherical_marginal_grad(_to(omt, dev, dt, layout), _to(kap, dev, dt, layout), 2))
+
+
 def _radial_noise(rowwise):
     def case(dev, dt, n, layout="contiguous"):
         g = _gen(14)
@@ -257,6 +273,8 @@ CASES: Dict[str, Callable[..., Tuple[torch.Tensor, ...]]] = {
     "vmf_sample": _vmf_sample,
     "vmf_marginal_grad": _vmf_marginal_grad,
     "vmf_sample_backward": _vmf_backward,
+    "power_spherical_sample": _power_spherical_sample,
+    "power_spherical_marginal_grad": _power_spherical_marginal_grad,
     "radial_noise": lambda dev, dt, n, layout="contiguous": (_radial_noise(False)(dev, dt, n, layout)
                                                              + _radial_noise(True)(dev, dt, n, layout)),
     "radial_noise_scale_grad": lambda dev, dt, n, layout="contiguous": (_radial_scale_grad(False)(dev, dt, n, layout)

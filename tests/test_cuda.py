@@ -86,8 +86,8 @@ def _distributions(dev):
     """(name, q, p, points): a distribution, a second one to take KLs against, points to score."""
     from torch.distributions import Gamma, Independent, InverseGamma, LogNormal, Normal, Weibull
 
-    from vmfdist.distributions import (EigenvalueCorrectedMatrixNormal, HypersphericalUniform, MatrixNormal, Radial,
-                                       VonMisesFisher)
+    from vmfdist.distributions import (EigenvalueCorrectedMatrixNormal, HypersphericalUniform, MatrixNormal,
+                                       PowerSpherical, Radial, VonMisesFisher)
 
     g = torch.Generator().manual_seed(5)
     t = lambda x: x.to(dev)  # noqa: E731
@@ -102,6 +102,9 @@ def _distributions(dev):
         out.append((f"vmf{d}", q, VonMisesFisher(t(mu.flip(0)), t(kap.flip(0) + 1)), t(x)))
         out.append((f"vmf{d}-uniform", q, HypersphericalUniform(d, (4,), dtype=F64, device=dev), t(x)))
         out.append((f"uniform{d}", HypersphericalUniform(d, (4,), dtype=F64, device=dev), q, t(x)))
+        ps = PowerSpherical(t(mu), t(kap))
+        out.append((f"power-spherical{d}", ps, VonMisesFisher(t(mu.flip(0)), t(kap.flip(0) + 1)), t(x)))
+        out.append((f"power-spherical{d}-uniform", ps, HypersphericalUniform(d, (4,), dtype=F64, device=dev), t(x)))
     loc, scale = torch.randn(5, 3, generator=g, dtype=F64), torch.rand(5, 3, generator=g, dtype=F64) + 0.1
     out.append(("radial", Radial(t(loc), t(scale)), Independent(Normal(t(loc * 0), t(scale * 0 + 1)), 2),
                 t(torch.randn(7, 5, 3, generator=g, dtype=F64))))

@@ -10,6 +10,7 @@ need and the autograd formulas:
 * :mod:`.random`  -- Philox uniforms and normals; :func:`.random.call_sampler`, the one path
   from every sampler to its op (seed drawn inside the op, as torch's random ops do)
 * :mod:`.vmf`     -- the von Mises--Fisher sampler (implicit reparameterisation)
+* :mod:`.power_spherical` -- the power spherical sampler (the vMF reflection, a Beta marginal)
 * :mod:`.radial`  -- the fused radial noise
 * :mod:`.meanfield` -- mean-field Gaussian sampling (softplus scale) and its KL to a Gaussian prior
 * :mod:`.kron`    -- the Kronecker-eigenbasis products and noise
@@ -18,7 +19,7 @@ The public functions over these ops live in the modules of their area
 (:mod:`vmfdist.special`, :mod:`vmfdist.random`, :mod:`vmfdist.linalg`,
 :mod:`vmfdist.distributions`).
 """
-from . import kron, meanfield, radial, random, special, vmf  # noqa: F401  (registrations)
+from . import kron, meanfield, power_spherical, radial, random, special, vmf  # noqa: F401  (registrations)
 from ._lib import lib
 
 __all__ = ["lib"]

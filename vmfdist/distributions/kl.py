@@ -4,6 +4,7 @@ r"""Every KL divergence of vmfdist, registered with :func:`torch.distributions.k
 
 * von Mises--Fisher: vMF||vMF, vMF||HypersphericalUniform, HypersphericalUniform||vMF,
   HypersphericalUniform||HypersphericalUniform
+* power spherical: PowerSpherical||HypersphericalUniform, PowerSpherical||vMF
 * Radial||Independent(Normal) in closed form (Radial||Radial raises: use
   :func:`~vmfdist.distributions.radial.kl_radial_radial`, a Monte Carlo estimate)
 * the matrix normals: MatrixNormal||MatrixNormal, MatrixNormal||Independent(Normal),
@@ -30,8 +31,8 @@ Every formula is written once, here, as a function of tensors where the Bayesian
 function: :func:`kl_diag_normal` (a factorised Gaussian to an elementwise Gaussian, summed),
 :func:`kl_radial_normal` (``Radial || Independent(Normal)``) and
 :func:`kl_radial_normal_softplus` (the same KL from a layer's :math:`(\mu, \rho)`, through the
-fused mean-field KL), :func:`kl_vmf_vmf`, :func:`kl_vmf_uniform`, :func:`kl_lognormal_gamma`
-and :func:`kl_lognormal_inverse_gamma`.
+fused mean-field KL), :func:`kl_vmf_vmf`, :func:`kl_vmf_uniform`, :func:`kl_power_spherical_uniform`,
+:func:`kl_power_spherical_vmf`, :func:`kl_lognormal_gamma` and :func:`kl_lognormal_inverse_gamma`.
 """
 from __future__ import annotations
 
@@ -47,11 +48,12 @@ from ._constants import EULER_GAMMA
 from .matrix_normal import (EigenvalueCorrectedMatrixNormal, MatrixNormal, eigen_marginal_variance,
                             kron_mahalanobis, _tril_trace_ratio)
 from .meanfield import meanfield_kl
+from .power_spherical import PowerSpherical, digamma_diff, lgamma_diff, power_spherical_entropy, trigamma_diff
 from .radial import Radial
 from .von_mises_fisher import HypersphericalUniform, VonMisesFisher, log_sphere_area, vmf_log_normalizer
 
 __all__ = ["kl_diag_normal", "kl_radial_normal", "kl_radial_normal_softplus", "kl_vmf_vmf", "kl_vmf_uniform",
-           "kl_lognormal_gamma", "kl_lognormal_inverse_gamma"]
+           "kl_power_spherical_uniform", "kl_power_spherical_vmf", "kl_lognormal_gamma", "kl_lognormal_inverse_gamma"]
 
 
 
@@ -177,6 +179,78 @@ def _kl_uniform_uniform(q, p):
     if q.dim != p.dim:
         raise ValueError(f"KL(uniform || uniform) needs the same dimension, got {q.dim} and {p.dim}")
     return torch.zeros(torch.broadcast_shapes(q.batch_shape, p.batch_shape), dtype=q._dtype, device=q._device)
+
+
+# ---- power spherical ---------------------------------------------------------
+# 16-point Gauss-Legendre rule on [-1, 1] (csrc/include/vmfdist/gauss_legendre.h): positive nodes, weights
+_GL16_NODE = (9.8940093499164993e-1, 9.4457502307323258e-1, 8.6563120238783174e-1, 7.5540440835500303e-1,
+              6.1787624440264375e-1, 4.5801677765722739e-1, 2.8160355077925891e-1, 9.501250983763744e-2)
+_GL16_WEIGHT = (2.7152459411754095e-2, 6.2253523938647893e-2, 9.5158511682492785e-2, 1.2462897125553387e-1,
+                1.4959598881657673e-1, 1.6915651939500254e-1, 1.8260341504492359e-1, 1.894506104550685e-1)
+
+
+def _gl16_unit(like: torch.Tensor):
+    """The 16 Gauss-Legendre nodes u on [0, 1] and the weights times u, in the dtype and device of ``like``."""
+    x = torch.tensor(_GL16_NODE, dtype=like.dtype, device=like.device)
+    w = torch.tensor(_GL16_WEIGHT, dtype=like.dtype, device=like.device)
+    u = torch.cat([0.5 * (1.0 - x), 0.5 * (1.0 + x)])
+    w = torch.cat([w, w]) * 0.5
+    return u, w * u
+
+
+def kl_power_spherical_uniform(k, d):
+    r"""KL(PS(mu, k) || uniform on :math:`S^{d-1}`) :math:`= -H[\mathrm{PS}] + \log S_{d-1}`.  With
+    :math:`\beta = (d-1)/2`, :math:`\alpha = \beta + k` and the duplication formula this is exactly
+    :math:`K(k) = [\log\Gamma(\alpha+\beta) - \log\Gamma(\alpha)] - [\log\Gamma(2\beta) - \log\Gamma(\beta)]
+    - k(\psi(\alpha+\beta) - \psi(\alpha))`, no constants of order one to cancel; 0 at k = 0.  For
+    small :math:`k` its terms of order :math:`k` cancel to a result of order :math:`k^2`, so for
+    :math:`k < 2\beta = d - 1`
+    :math:`K = \int_0^k s\,T(\beta + s)\,ds = k^2\int_0^1 u\,T(\beta + ku)\,du` with
+    :math:`T(a) = \psi'(a) - \psi'(a + \beta) > 0`
+    (:func:`~vmfdist.distributions.power_spherical.trigamma_diff`), by 16-point Gauss--Legendre
+    (:math:`T(\beta + ku)` is analytic but for a pole at :math:`u = -\beta/k \le -1/2`: the rule is exact to
+    rounding, and the closed form above the switch loses at most a few ulp).  Its derivative is
+    :math:`k\,T(\alpha)`."""
+    b = 0.5 * (d - 1)
+    kz = torch.where(k >= 0, k, torch.zeros_like(k))
+    a = kz + b
+    closed = lgamma_diff(a, b) - lgamma_diff(torch.full_like(kz, b), b) - kz * digamma_diff(a, b)
+    small = kz < 2 * b
+    ks = torch.where(small, kz, torch.zeros_like(kz))
+    u, wu = _gl16_unit(ks)
+    integral = (wu * trigamma_diff(b + ks.unsqueeze(-1) * u, b)).sum(-1)
+    kl = torch.where(small, ks * ks * integral, closed)
+    return torch.where(k >= 0, kl, torch.full_like(kl, math.nan))
+
+
+def kl_power_spherical_vmf(kq, kp, d, half_sq):
+    r"""KL(PS(mu_q, k_q) || vMF(mu_p, k_p)) on :math:`S^{d-1}` from the concentrations and
+    ``half_sq`` :math:`= |\mu_p - \mu_q|^2/2`:
+    :math:`-H[q] - \log C_d(k_p) - k_p\mu_p^TE_q[x]`, with :math:`E_q[x] = m\mu_q`,
+    :math:`m = k_q/(k_q + d - 1)`, written with the scaled vMF log-normaliser as
+    ``-H[q] - [log C(k_p) + k_p] + k_p ((1 - m) + m |mu_p - mu_q|^2 / 2)``."""
+    one_m = (d - 1) / (kq + (d - 1))
+    return (-power_spherical_entropy(kq, d) - vmf_log_normalizer(kp, d, scaled=True)
+            + kp * (one_m + (1.0 - one_m) * half_sq))
+
+
+@register_kl(PowerSpherical, HypersphericalUniform)
+def _kl_power_spherical_uniform(q, p):
+    """KL(PS || uniform): see :func:`kl_power_spherical_uniform`."""
+    if q.dim != p.dim:
+        raise ValueError(f"KL(PowerSpherical || uniform) needs the same dimension, got {q.dim} and {p.dim}")
+    kl = kl_power_spherical_uniform(q.scale, q.dim)
+    return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))
+
+
+@register_kl(PowerSpherical, VonMisesFisher)
+def _kl_power_spherical_vmf(q, p):
+    """KL(PS || vMF): see :func:`kl_power_spherical_vmf`."""
+    if q.dim != p.dim:
+        raise ValueError(f"KL(PowerSpherical || vMF) needs the same dimension, got {q.dim} and {p.dim}")
+    half_sq = 0.5 * (p.loc - q.loc).pow(2).sum(-1)
+    shape = torch.broadcast_shapes(q.batch_shape, p.batch_shape)
+    return kl_power_spherical_vmf(q.scale.expand(shape), p.concentration.expand(shape), q.dim, half_sq.expand(shape))
 
 
 # ---- Gaussian ----------------------------------------------------------------

@@ -19,7 +19,7 @@ covered layers' outputs (:class:`~vmfdist.laplace.blocks.Capture`), the rows
 :math:`\Lambda_n^{1/2\,T} J_n` of all examples of a chunk are stacked and :math:`H` gains their
 Gram matrix.  :class:`FullLaplace` reuses :class:`~vmfdist.laplace.kron._KroneckerLaplace` for
 everything that is not dense algebra (the evidence, the prior optimisation, the predictives,
-the link approximations); :class:`FullPrecision` has the methods of
+the link approximations); ``FullPrecision`` has the methods of
 :class:`~vmfdist.laplace.precision.KroneckerPrecision`.
 """
 from __future__ import annotations
@@ -256,13 +256,13 @@ class FullLaplace(_KroneckerLaplace):
             parameters).  Only those coordinates are in the posterior, in the order given; the
             rest stay at their trained values.
         max_size: the largest number of posterior coordinates accepted (default
-            :data:`DEFAULT_MAX_SIZE`); a larger posterior raises a ``ValueError`` naming the size
+            ``DEFAULT_MAX_SIZE`` = 20,000); a larger posterior raises a ``ValueError`` naming the size
             and the bytes of its precision matrix before anything is allocated.  ``None``: no limit.
 
     The GGN is exact (``fisher_type="ggn"``); the evidence, its prior optimisation
     (``prior_structure`` ``"scalar"``, ``"layerwise"`` or ``"diag"``), the GLM predictive (probit,
     bridge, mc), ``sample``, ``functional_variance`` and ``log_prob`` are those of the Kronecker
-    classes with the dense algebra of :class:`FullPrecision`.
+    classes with the dense algebra of ``FullPrecision``.
     """
 
     _prior_structures = ("scalar", "layerwise", "diag")
@@ -289,7 +289,7 @@ class FullLaplace(_KroneckerLaplace):
 
     def _setup_blocks(self, modules) -> None:
         """The base class's blocks and parameter layout, the subnetwork checked against them, the size
-        limit, and a dense :class:`FullPrecision` in place of the Kronecker one."""
+        limit, and a dense ``FullPrecision`` in place of the Kronecker one."""
         super()._setup_blocks(modules)
         owner = type(self).__name__
         idx = checked_subnetwork_indices(self._subnetwork_arg, self.n_params, owner, self._device)

@@ -1,5 +1,5 @@
 // The elementwise ops of the extension, written once: one functor per op over the
-// scalar math (bessel.h, vmf.h) and the table VMFDIST_ELEMENTWISE_OPS listing them.
+// scalar math (bessel.h, vmf.h, power_spherical.h) and the table VMFDIST_ELEMENTWISE_OPS listing them.
 // csrc/cpu/elementwise_cpu.cpp and csrc/cuda/elementwise_cuda.cu expand the table
 // into their kernels and TORCH_LIBRARY_IMPL registrations; csrc/host/elementwise_host.h
 // checks the arguments and sets up the broadcasting (at::TensorIterator, no copies).
@@ -29,6 +29,7 @@
 #include "vmfdist/bessel.h"
 #include "vmfdist/isa_dispatch.h"
 #include "vmfdist/macros.h"
+#include "vmfdist/power_spherical.h"
 #include "vmfdist/vmf.h"
 
 namespace vmfdist {
@@ -177,6 +178,20 @@ struct VmfMarginalGrad {
   }
 };
 
+// dt/dkappa of the power spherical marginal on S^{dim-1} at t = 1 - one_minus_t.
+struct PowerSphericalMarginalGrad {
+  static constexpr const char* name = "power_spherical_marginal_grad";
+  static constexpr const char* inputs[2] = {"one_minus_t", "concentration"};
+  using extra = Args<int64_t>;
+  static constexpr int outputs = 1;
+  static constexpr const char* requirement = "dim must be at least 2";
+  static constexpr bool valid(int64_t dim) { return dim >= 2; }
+  int64_t dim;
+  VMF_HD double operator()(double omt, double kappa) const {
+    return power_spherical::dt_dkappa(omt, kappa, static_cast<double>(dim));
+  }
+};
+
 }  // namespace elementwise
 }  // namespace vmfdist
 
@@ -192,4 +207,5 @@ struct VmfMarginalGrad {
   X(::vmfdist::elementwise::LogIvRatioSeries) \
   X(::vmfdist::elementwise::IvRatioBounds)   \
   X(::vmfdist::elementwise::IvRatioApprox)   \
-  X(::vmfdist::elementwise::VmfMarginalGrad)
+  X(::vmfdist::elementwise::VmfMarginalGrad) \
+  X(::vmfdist::elementwise::PowerSphericalMarginalGrad)
