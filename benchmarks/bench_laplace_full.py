@@ -30,6 +30,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from benchmarks import harness as H
+from benchmarks.bench_laplace import _rel  # the agreement measure both Laplace areas report
 
 TITLE = "Laplace: full GGN and subnetwork Laplace against laplace-torch"
 
@@ -67,12 +68,6 @@ def _setup(name, n_test):
         n_params = sum(p.numel() for p in model.parameters())
         subnet = torch.randperm(n_params, generator=g)[:500]
     return model, lik, X, y, Xt, subnet
-
-
-def _rel(a, b):
-    if isinstance(a, tuple):
-        return max(_rel(x, y) for x, y in zip(a, b))
-    return float((a - b).abs().max() / b.abs().max().clamp_min(torch.finfo(b.dtype).tiny))
 
 
 def run(args) -> dict:
