@@ -30,13 +30,9 @@ class DiagLaplace(_KroneckerLaplace):
         owner = type(self).__name__
         layers = self._layers_dict()
         factors = [KroneckerFactor(None, None) for _ in self._blocks]  # bases None: the identity
-        gen = self.generator
-        if gen is None and self.fisher_type == "mc":
-            gen = torch.Generator(device=self._device)
-            gen.manual_seed(int(torch.randint(0, 2 ** 62, (1,))))
-        fisher = "type-2" if self.fisher_type == "ggn" else self.fisher_type
         seen, loss, outputs = collect_block_moments(self.model, self._blocks, factors, layers, self._data(train_loader),
-                                                    self.likelihood, fisher, self.mc_samples, gen)
+                                                    self.likelihood, self._collector_fisher, self.mc_samples,
+                                                    self._label_generator())
         if seen == 0:
             raise ValueError(f"{owner}.fit: train_loader yielded no data" + (" on this rank" if world > 1 else ""))
         seen, loss = all_sum(seen, world), all_sum(loss, world)

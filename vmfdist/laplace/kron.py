@@ -261,20 +261,15 @@ class _KroneckerLaplace(FromFactorsMixin, SavingMixin):
                              f"data cannot be moved to the new eigenbasis; fit on all the data at once")
         if train_loader is None:
             raise ValueError(f"{owner}.fit: train_loader is None; pass an iterable of (inputs, targets) batches")
+        self.model.eval()
         if not self._last_layer_found:
-            self.model.eval()
             self._find_last_layer(train_loader)
         fresh = override or self._sums is None
-        self.model.eval()
         if self._diag:
             return self._fit_diagonal(train_loader, fresh, world)
         layers = self._layers_dict()
-        gen = self.generator
-        if gen is None and self.fisher_type == "mc":
-            gen = torch.Generator(device=self._device)
-            gen.manual_seed(int(torch.randint(0, 2 ** 62, (1,))))
+        gen, fisher = self._label_generator(), self._collector_fisher
         gen_state = None if gen is None else gen.get_state()
-        fisher = "type-2" if self.fisher_type == "ggn" else self.fisher_type
         try:
             res = compute_kfac(self.model, self._data(train_loader), self.likelihood, sigma_noise=1.0,
                                fisher_type=fisher, kfac_approx=self.kfac_approx, mc_samples=self.mc_samples,
@@ -300,7 +295,6 @@ class _KroneckerLaplace(FromFactorsMixin, SavingMixin):
         if self._ekfac:
             if gen is not None:
                 gen.set_state(gen_state)
-            fisher = "type-2" if self.fisher_type == "ggn" else self.fisher_type
             collect_block_moments(self.model, self._blocks, factors, layers, self._data(train_loader),
                                   self.likelihood, fisher, self.mc_samples, gen)
             for f in factors:
@@ -313,6 +307,19 @@ class _KroneckerLaplace(FromFactorsMixin, SavingMixin):
             b.factor = f
         self.mean = torch.cat([p.detach().reshape(-1) for p in self.params])
         self._fitted = True
+
+    def _label_generator(self) -> Optional[torch.Generator]:
+        """The generator of ``fisher_type="mc"``'s labels: the user's, or one seeded from torch's."""
+        gen = self.generator
+        if gen is None and self.fisher_type == "mc":
+            gen = torch.Generator(device=self._device)
+            gen.manual_seed(int(torch.randint(0, 2 ** 62, (1,))))
+        return gen
+
+    @property
+    def _collector_fisher(self) -> str:
+        """``fisher_type`` in vmfdist.curvature's naming (laplace-torch's "ggn" is its "type-2")."""
+        return "type-2" if self.fisher_type == "ggn" else self.fisher_type
 
     def _block_factors(self, sums: Dict[int, KroneckerFactor], n_data: int) -> List[KroneckerFactor]:
         """Each block's factor -- ``G`` summed over the data, ``A`` averaged -- from the layers'
