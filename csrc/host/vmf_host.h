@@ -17,10 +17,11 @@
 namespace vmfdist {
 namespace vmf {
 
-// vmf_sample(loc (B, d), concentration (B,), num_samples, ...).
+// vmf_sample(loc (B, d), concentration (B,), num_samples, ...); also the power spherical
+// sampler's, which takes the same arguments (op names the operator in the messages).
 // The seed and offset are checked by check_random_args (random_state.h).
-inline void check_vmf_sample_args(const at::Tensor& loc, const at::Tensor& kappa, int64_t num_samples) {
-  constexpr const char* op = "vmf_sample";
+inline void check_vmf_sample_args(const at::Tensor& loc, const at::Tensor& kappa, int64_t num_samples,
+                                  const char* op = "vmf_sample") {
   TORCH_CHECK(loc.dim() == 2, op, ": loc must have shape (batch, d), got ", loc.sizes());
   TORCH_CHECK(loc.size(1) >= 2, op, ": the dimension d = loc.size(-1) must be at least 2, got ", loc.size(1));
   TORCH_CHECK(kappa.dim() == 1 && kappa.size(0) == loc.size(0), op,
