@@ -41,8 +41,8 @@ from torch.distributions import Distribution, constraints
 
 from .._ops import lib
 from .._ops.random import call_sampler
-from ._validation import as_real_tensor, check_value, same_device
-from .von_mises_fisher import _check_dim, sphere
+from ._validation import check_value
+from .von_mises_fisher import _direction_and_concentration, sphere
 
 __all__ = ["PowerSpherical", "power_spherical_sample", "power_spherical_entropy", "lgamma_diff", "digamma_diff",
            "trigamma_diff"]
@@ -187,22 +187,8 @@ class PowerSpherical(Distribution):
     has_rsample = True
 
     def __init__(self, loc, scale, validate_args=None):
-        loc = as_real_tensor("loc", loc)
-        if loc.dim() < 1:
-            raise ValueError("loc must have at least one dimension (the event dimension d)")
-        self._dim = _check_dim(loc.shape[-1])
-        scale = as_real_tensor("scale", scale, dtype=loc.dtype, device=loc.device)
-        same_device("PowerSpherical", {"loc": loc, "scale": scale})
-        dtype = torch.promote_types(loc.dtype, scale.dtype)
-        loc, scale = loc.to(dtype), scale.to(dtype)
-        try:
-            batch_shape = torch.broadcast_shapes(loc.shape[:-1], scale.shape)
-        except RuntimeError as e:
-            raise ValueError(f"loc (shape {tuple(loc.shape)}) and scale (shape {tuple(scale.shape)}) have "
-                             f"incompatible batch shapes: {e}") from None
-        self.loc = loc.expand(batch_shape + (self._dim,))
-        self.scale = scale.expand(batch_shape)
-        super().__init__(batch_shape, torch.Size((self._dim,)), validate_args=validate_args)
+        self.loc, self.scale, self._dim = _direction_and_concentration("PowerSpherical", loc, scale, "scale")
+        super().__init__(self.scale.shape, torch.Size((self._dim,)), validate_args=validate_args)
 
     @property
     def dim(self) -> int:

@@ -171,6 +171,26 @@ def vmf_sample(loc: torch.Tensor, concentration: torch.Tensor, sample_shape=torc
     return x
 
 
+def _direction_and_concentration(owner: str, loc, conc, name: str):
+    """The arguments of a distribution on the sphere given by a mean direction ``loc`` (..., d) and a
+    concentration ``conc`` (named ``name``): checked, promoted to one dtype and broadcast to one batch
+    shape; returns ``(loc, conc, d)``."""
+    loc = as_real_tensor("loc", loc)
+    if loc.dim() < 1:
+        raise ValueError("loc must have at least one dimension (the event dimension d)")
+    d = _check_dim(loc.shape[-1])
+    conc = as_real_tensor(name, conc, dtype=loc.dtype, device=loc.device)
+    same_device(owner, {"loc": loc, name: conc})
+    dtype = torch.promote_types(loc.dtype, conc.dtype)
+    loc, conc = loc.to(dtype), conc.to(dtype)
+    try:
+        batch_shape = torch.broadcast_shapes(loc.shape[:-1], conc.shape)
+    except RuntimeError as e:
+        raise ValueError(f"loc (shape {tuple(loc.shape)}) and {name} (shape {tuple(conc.shape)}) have "
+                         f"incompatible batch shapes: {e}") from None
+    return loc.expand(batch_shape + (d,)), conc.expand(batch_shape), d
+
+
 def _check_dim(d) -> int:
     # torch.jit.trace records sizes as 0-dim integer tensors (the trace fixes them anyway)
     if isinstance(d, torch.Tensor) and d.dim() == 0 and not d.is_floating_point() and d.dtype != torch.bool:
@@ -208,22 +228,9 @@ class VonMisesFisher(Distribution):
     has_rsample = True
 
     def __init__(self, loc, concentration, validate_args=None):
-        loc = as_real_tensor("loc", loc)
-        if loc.dim() < 1:
-            raise ValueError("loc must have at least one dimension (the event dimension d)")
-        self._dim = _check_dim(loc.shape[-1])
-        concentration = as_real_tensor("concentration", concentration, dtype=loc.dtype, device=loc.device)
-        same_device("VonMisesFisher", {"loc": loc, "concentration": concentration})
-        dtype = torch.promote_types(loc.dtype, concentration.dtype)
-        loc, concentration = loc.to(dtype), concentration.to(dtype)
-        try:
-            batch_shape = torch.broadcast_shapes(loc.shape[:-1], concentration.shape)
-        except RuntimeError as e:
-            raise ValueError(f"loc (shape {tuple(loc.shape)}) and concentration (shape "
-                             f"{tuple(concentration.shape)}) have incompatible batch shapes: {e}") from None
-        self.loc = loc.expand(batch_shape + (self._dim,))
-        self.concentration = concentration.expand(batch_shape)
-        super().__init__(batch_shape, torch.Size((self._dim,)), validate_args=validate_args)
+        self.loc, self.concentration, self._dim = _direction_and_concentration(
+            "VonMisesFisher", loc, concentration, "concentration")
+        super().__init__(self.concentration.shape, torch.Size((self._dim,)), validate_args=validate_args)
 
     @property
     def dim(self) -> int:
