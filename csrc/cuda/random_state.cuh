@@ -17,6 +17,7 @@
 #include <ATen/cuda/PhiloxUtils.cuh>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 
 #include <cstdint>
 #include <mutex>
@@ -50,9 +51,11 @@ inline at::Tensor cuda_seed_offset(const char* op, const std::optional<at::Gener
   if (seed.has_value()) {
     state = at::PhiloxCudaState(static_cast<uint64_t>(*seed), static_cast<uint64_t>(offset.value_or(0)));
   } else {
+    // device "cuda" without an index (a factory op's device argument) means the current device
+    const at::Device dev = device.has_index() ? device : at::Device(at::kCUDA, c10::cuda::current_device());
     auto* gen = at::get_generator_or_default<at::CUDAGeneratorImpl>(
-        generator, at::cuda::detail::getDefaultCUDAGenerator(device.index()));
-    TORCH_CHECK(gen->device() == device, op, ": generator is on ", gen->device(), ", the tensors on ", device);
+        generator, at::cuda::detail::getDefaultCUDAGenerator(dev.index()));
+    TORCH_CHECK(gen->device() == dev, op, ": generator is on ", gen->device(), ", the tensors on ", dev);
     std::lock_guard<std::mutex> lock(gen->mutex_);
     state = gen->philox_cuda_state(4);  // the op uses at most 4 consecutive offsets (streams <= 4)
   }
