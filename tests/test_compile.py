@@ -67,7 +67,7 @@ def _hu_params(b, seed=0):
 
 
 def _hu(like):
-    return HypersphericalUniform(like.shape[-1], batch_shape=like.shape[:-1], dtype=like.dtype)
+    return HypersphericalUniform(like.shape[-1], batch_shape=like.shape[:-1], dtype=like.dtype, device=like.device)
 
 
 def _radial_params(b, seed=0):

@@ -384,7 +384,8 @@ def test_devices_agree(device, dtype, tol):
         m, s = torch.tensor(0.2, dtype=dtype), torch.rand(shape, generator=g, dtype=F64).to(dtype) + 0.5
         res = []
         for dev in ("cpu", device):
-            a, b = mu.to(dev).requires_grad_(), rho.to(dev).requires_grad_()
+            # detach: mu.to("cpu") is mu itself, which must stay a leaf without grad for the next device
+            a, b = mu.to(dev).detach().requires_grad_(), rho.to(dev).detach().requires_grad_()
             out, _, kl, so = lib.meanfield_sample(a, b, m.to(dev), s.to(dev), 3, dev == "cpu", seed=17, offset=6)
             assert so.device.type == dev and so.cpu().tolist() == [17, 6]
             (out.sin().sum() + kl).backward()

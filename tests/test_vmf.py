@@ -760,7 +760,10 @@ def test_cuda_matches_cpu(dtype):
         assert close.double().mean() >= 0.995
         g_cpu = lib.vmf_marginal_grad(o_cpu, kap, d)
         g_gpu = lib.vmf_marginal_grad(o_cpu.cuda(), kap.cuda(), d).cpu()
-        torch.testing.assert_close(g_gpu, g_cpu, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=0)
+        # the quadrature's terms partly cancel, so libm's and CUDA's last bits show against the
+        # batch's largest value (a 2e-17 difference at 1.1e-12 relative was seen on an H200)
+        gtol = 1e-5 if dtype == torch.float32 else 1e-12
+        torch.testing.assert_close(g_gpu, g_cpu, rtol=gtol, atol=gtol * g_cpu.abs().amax().item())
         # the fused backward on the same (CPU) sample
         gx = torch.randn(x_cpu.shape, generator=torch.Generator().manual_seed(d), dtype=F64).to(dtype)
         go = torch.randn(o_cpu.shape, generator=torch.Generator().manual_seed(d + 1), dtype=F64).to(dtype)
