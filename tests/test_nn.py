@@ -286,6 +286,23 @@ def test_elbo_num_data_is_keyword_required():
         vnn.ELBO(nn.Sequential(vnn.MeanFieldLinear(2, 2)))  # noqa
 
 
+def test_categorical_sync_free_path_gives_nan_and_elbo_names_the_target():
+    """On a GPU the target range is not read back each step: out-of-range targets give NaN (the path
+    forced here on the CPU), and ELBO's finiteness check then names the target."""
+    lk = vnn.Categorical()
+    out, t = torch.randn(2, 4, 3), torch.tensor([0, 2, 1, 7])
+    got = lk._nll(out, t, sync_free=True)
+    good = lk.nll(out[:, :3], t[:3])
+    assert torch.isnan(got[:, 3]).all() and torch.equal(got[:, :3], good)
+    model = nn.Sequential(vnn.MeanFieldLinear(2, 3))
+    elbo = vnn.ELBO(model, num_data=10)
+    lk_free = vnn.Categorical()
+    lk_free.nll = lambda o, tt: vnn.Categorical._nll(lk_free, o, tt, sync_free=True)
+    elbo.likelihood = lk_free
+    with pytest.raises(ValueError, match=r"class indices must lie in \[0, 3\), got range \[0, 7\]"):
+        elbo(torch.randn(4, 3), t)
+
+
 def test_likelihood_shape_errors():
     model = nn.Sequential(vnn.MeanFieldLinear(2, 3))
     elbo = vnn.ELBO(model, num_data=10)

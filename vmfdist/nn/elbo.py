@@ -36,6 +36,11 @@ class Likelihood(nn.Module):
     def nll(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:  # pragma: no cover
         raise NotImplementedError
 
+    def check_target(self, output: torch.Tensor, target: torch.Tensor) -> None:
+        """Raise ``ValueError`` naming ``target`` where its values do not fit ``output`` (checks that
+        read values back to the host: :meth:`nll` skips them on a GPU and gives NaN instead, and
+        :class:`ELBO` calls this when the loss is not finite)."""
+
     def kl(self) -> Optional[torch.Tensor]:
         return None
 
@@ -50,13 +55,27 @@ class Categorical(Likelihood):
         if output.dim() < 2 or output.shape[-2:-1] != target.shape[-1:] or output.dim() - target.dim() not in (1, 2):
             raise ValueError(f"output of shape {tuple(output.shape)} does not fit target of shape "
                              f"{tuple(target.shape)}: Categorical expects logits (B, C) or (S, B, C) for targets (B,)")
+        return self._nll(output, target, sync_free=target.device.type != "cpu")
+
+    def _nll(self, output, target, sync_free):
+        c = output.shape[-1]
+        bad = None
+        if not sync_free:
+            self.check_target(output, target)
+        elif target.numel():
+            # no host synchronisation on a GPU: out-of-range targets give NaN (ELBO then names them)
+            bad = (target < 0) | (target >= c)
+            target = target.masked_fill(bad, 0)
+        logp = F.log_softmax(output, dim=-1)
+        t = target.long().expand(output.shape[:-1])  # any integer dtype (uint8 labels included)
+        nll = -logp.gather(-1, t.unsqueeze(-1)).squeeze(-1)
+        return nll if bad is None else nll.masked_fill(bad.expand(nll.shape), math.nan)
+
+    def check_target(self, output, target):
         c = output.shape[-1]
         if target.numel() and (int(target.min()) < 0 or int(target.max()) >= c):
             raise ValueError(f"target: class indices must lie in [0, {c}), got range "
                              f"[{int(target.min())}, {int(target.max())}]")
-        logp = F.log_softmax(output, dim=-1)
-        t = target.long().expand(output.shape[:-1])  # any integer dtype (uint8 labels included)
-        return -logp.gather(-1, t.unsqueeze(-1)).squeeze(-1)
 
 
 def _regression_shapes(output, target):
@@ -157,7 +176,10 @@ class ELBO(nn.Module):
         kl_weight: a float :math:`\beta` or a schedule ``step -> float``; ``step`` counts the
             calls made in training mode (0 on the first).
         check_finite: raise ``FloatingPointError`` when a parameter (e.g. after the previous
-            optimizer step) or the loss is not finite (default True).
+            optimizer step) or the loss is not finite (default True).  The check reads one flag
+            on the host per call, a synchronisation that on a GPU keeps the CPU from queueing
+            the next step's kernels early; pass False there for the fastest step (and call
+            :func:`vmfdist.nn.check_finite` every few hundred steps instead).
 
     After each call ``elbo.nll``, ``elbo.kl`` and ``elbo.kl_weight_value`` hold the parts
     (detached), and ``elbo.step`` the number of training-mode calls.
@@ -200,9 +222,6 @@ class ELBO(nn.Module):
 
     def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The loss (a scalar tensor); the parts are left in ``nll``, ``kl`` and ``kl_weight_value``."""
-        if self.check_finite:
-            check_finite(self.model)
-            check_finite(self.likelihood)
         nll = self.likelihood.nll(output, target).mean()
         kl = kl_divergence(self.model)
         lk = self.likelihood.kl()
@@ -210,7 +229,9 @@ class ELBO(nn.Module):
             kl = kl + lk
         beta = self.current_kl_weight()
         loss = nll + beta * kl / self.num_data
-        if self.check_finite and not bool(torch.isfinite(loss)):
+        # one host synchronisation for the parameters and the loss together
+        if self.check_finite and not check_finite(self.model, self.likelihood, loss=loss):
+            self.likelihood.check_target(output, target)  # a bad target is the likelier cause: name it
             raise FloatingPointError(f"the loss is not finite (nll={float(nll)}, kl={float(kl)})")
         self.nll, self.kl, self.kl_weight_value = nll.detach(), kl.detach(), beta
         if self.training:

@@ -165,15 +165,23 @@ def _predictive_forward(model: torch.nn.Module, x: torch.Tensor, num_samples: in
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
-def check_finite(module: torch.nn.Module) -> None:
-    """Raise ``FloatingPointError`` naming the first parameter of ``module`` that holds a NaN
-    or an infinity (one device synchronisation for the whole model)."""
-    params = [(n, p) for n, p in module.named_parameters()]
-    if not params:
-        return
-    flags = torch.stack([torch.isfinite(p).all() for _, p in params])
+def check_finite(*modules: torch.nn.Module, loss: Optional[torch.Tensor] = None) -> bool:
+    """Raise ``FloatingPointError`` naming the parameters of ``modules`` that hold a NaN or an
+    infinity, with one device synchronisation for all of them.  With ``loss`` (a tensor) its
+    finiteness is read in the same synchronisation and returned (True: finite); the caller
+    decides what a non-finite loss means."""
+    params = [(n, p) for m in modules for n, p in m.named_parameters()]
+    flags = [torch.isfinite(p).all() for _, p in params]
+    if loss is not None:
+        flags.append(torch.isfinite(loss).all())
+    if not flags:
+        return True
+    flags = torch.stack([f.to(flags[0].device) for f in flags])
     if bool(flags.all()):
-        return
-    bad = [n for (n, _), ok in zip(params, flags.tolist()) if not ok]
+        return True
+    ok = flags.tolist()
+    bad = [n for (n, _), good in zip(params, ok) if not good]
+    if not bad:
+        return False
     raise FloatingPointError(f"non-finite values in parameter(s) {', '.join(bad)} (after the last optimizer step?): "
                              "lower the learning rate, check the data, or clip gradients")
