@@ -415,6 +415,19 @@ def test_marginal_grad_vs_mpmath(d):
         assert math.isfinite(exact) and abs(o - exact) <= 1e-7 * abs(exact), (d, k, om, o, exact)
 
 
+def test_marginal_grad_sphere3_closed_form():
+    """d = 3 takes the closed form -2 B log(B) / alpha (Beta(alpha, 1) has CDF B^alpha): to a few ulp of
+    mpmath's derivative of the regularised incomplete beta function, over the whole range of t."""
+    rows = [(k, 2 * scipy.stats.beta(1.0, 1.0 + k).ppf(q)) for k in (0.0, 1e-3, 0.7, 10.0, 300.0, 1e6)
+            for q in (1e-6, 0.01, 0.3, 0.7, 0.99, 1 - 1e-6)]
+    rows = [(k, om) for k, om in rows if 0 < om < 2]
+    ours = lib.power_spherical_marginal_grad(torch.tensor([r[1] for r in rows], dtype=F64),
+                                             torch.tensor([r[0] for r in rows], dtype=F64), 3)
+    for (k, om), o in zip(rows, ours.tolist()):
+        exact = dt_dkappa_ref(om, k, 3)
+        assert abs(o - exact) <= 1e-14 * abs(exact), (k, om, o, exact)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("d", [2, 3, 4, 7, 30, 300, 3000])
 def test_marginal_grad_vs_mpmath_extremes(d):

@@ -238,12 +238,22 @@ VMF_INLINE double tail_cut(const LogitSide& s) {
   return hi;
 }
 
+// d = 3 (beta = 1) in closed form: B ~ Beta(alpha, 1) has F(B) = B^alpha, so
+//   dB/dalpha = -(dF/dalpha) / f = -B log B / alpha,   dt/dkappa = -2 B log(B) / alpha,
+// with B = 1 - omw/2 (exact where omw >= 1, i.e. wherever B is small) and log B = log1p(-omw/2):
+// a few ulp, for the cost of one log1p instead of the quadrature.
+VMF_INLINE double dt_dkappa_sphere3(double omw, double kappa) {
+  const double c = 0.5 * omw;
+  return -2.0 * (1.0 - c) * ::log1p(-c) / (1.0 + kappa);
+}
+
 // dt/dkappa at 1 - t = omw for PS(., kappa) on S^{d-1}, with D = psi(alpha + beta) - psi(alpha)
 // given (a caller with many rows of one kappa can compute it once; dt_dkappa computes it).
 // 0 at the poles (omw = 0 or 2) and for kappa = +inf; NaN outside the domain.
 VMF_INLINE double dt_dkappa_d(double omw, double kappa, double d, double dg) {
   if (is_nan(omw) || is_nan(kappa) || is_nan(d) || kappa < 0.0 || d < 2.0 || omw < 0.0 || omw > 2.0) return NAN;
   if (omw == 0.0 || omw == 2.0 || is_inf(kappa)) return 0.0;
+  if (d == 3.0) return dt_dkappa_sphere3(omw, kappa);
   LogitSide s;
   s.b = 0.5 * (d - 1.0);
   s.a = s.b + kappa;
@@ -276,6 +286,7 @@ VMF_INLINE double dt_dkappa_d(double omw, double kappa, double d, double dg) {
 VMF_INLINE double dt_dkappa(double omw, double kappa, double d) {
   if (is_nan(omw) || is_nan(kappa) || is_nan(d) || kappa < 0.0 || d < 2.0 || omw < 0.0 || omw > 2.0) return NAN;
   if (omw == 0.0 || omw == 2.0 || is_inf(kappa)) return 0.0;
+  if (d == 3.0) return dt_dkappa_sphere3(omw, kappa);
   const double beta = 0.5 * (d - 1.0);
   return dt_dkappa_d(omw, kappa, d, digamma_diff(beta + kappa, beta));
 }
