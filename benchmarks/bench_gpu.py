@@ -25,7 +25,9 @@ rounds (harness.time_rounds), min over rounds:
 """
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 
 import torch
@@ -45,7 +47,7 @@ def add_args(p):
     p.add_argument("--n", type=float, default=None, help="elements of the fused-op jobs (default 1e8 GPU, 1e6 CPU)")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds per job (default 10, quick 3)")
     p.add_argument("--jobs", nargs="*", default=None,
-                   help="subset of: bandwidth fused vmf kron layers optim lenet (default all)")
+                   help="subset of: bandwidth fused vmf ps kron layers optim lenet (default all)")
     p.add_argument("--lenet-steps", type=int, default=None,
                    help="training steps timed per LeNet-5 run (default: a whole epoch, 469; quick 4)")
     p.add_argument("--max-call", type=float, default=1.0,
@@ -159,6 +161,44 @@ def _vmf(dev, n, rounds, sync):
     return rows
 
 
+def _ps(dev, n, rounds, sync):
+    """PowerSpherical: sample, and rsample + backward (loc and scale), ours against the power_spherical
+    package and TFP-JAX (sample only)."""
+    from vmfdist.distributions import PowerSpherical as Ours
+
+    rows = []
+    jax, tfp = H.jax_tfp()
+    try:
+        from power_spherical import PowerSpherical as Theirs
+    except Exception:
+        Theirs = None
+    for d in VMF_DIMS:
+        b = 64
+        s = max(1, n // (4 * b * d))  # a quarter of the vMF job's size: the backward keeps the samples
+        loc = nn.functional.normalize(torch.randn(b, d, device=dev), dim=-1)
+        kap = torch.full((b,), 10.0 * d, device=dev)
+        lg, kg = loc.clone().requires_grad_(), kap.clone().requires_grad_()
+        for mode in ("sample", "rsample + backward"):
+            if mode == "sample":
+                fns = {"vmfdist": lambda: Ours(loc, kap).sample((s,))}
+                if Theirs is not None:
+                    fns["power_spherical"] = lambda: Theirs(loc, kap).rsample((s,))
+                if jax is not None and hasattr(tfp.distributions, "PowerSpherical"):
+                    q = tfp.distributions.PowerSpherical(jax.device_put(loc.cpu().numpy()),
+                                                         jax.device_put(kap.cpu().numpy()))
+                    f = jax.jit(lambda key: q.sample(s, seed=key))
+                    key = jax.random.PRNGKey(0)
+                    f(key).block_until_ready()
+                    fns["TFP-JAX"] = lambda: f(key).block_until_ready()
+            else:
+                fns = {"vmfdist": lambda: Ours(lg, kg).rsample((s,)).sum().backward()}
+                if Theirs is not None:
+                    fns["power_spherical"] = lambda: Theirs(lg, kg).rsample((s,)).sum().backward()
+            r = _rounds(fns, rounds, sync)
+            rows.append({"d": d, "batch": b, "samples": s, "mode": mode, "impls": r})
+    return rows
+
+
 def _kron(dev, quick, rounds, sync):
     from vmfdist._ops import lib
 
@@ -223,7 +263,8 @@ def _trainers(dev, names=None):
         if names is not None and name not in names:
             continue
         m = lenet5(kind, dev)
-        elbo, opt = ELBO(m, num_data=MNIST), torch.optim.Adam(m.parameters(), lr=1e-3)
+        # check_finite=False: the NaN check synchronises with the host each step (docs/nn.md)
+        elbo, opt = ELBO(m, num_data=MNIST, check_finite=False), torch.optim.Adam(m.parameters(), lr=1e-3)
 
         def bstep(x, y, m=m, elbo=elbo, opt=opt):
             opt.zero_grad(set_to_none=True)
@@ -278,17 +319,21 @@ def run(args):
         n = min(n, 100_000)
     rounds = args.rounds or (3 if args.quick else 10)
     MAX_CALL[0] = args.max_call
-    jobs = args.jobs or ["bandwidth", "fused", "vmf", "kron", "layers", "optim", "lenet"]
+    jobs = args.jobs or ["bandwidth", "fused", "vmf", "ps", "kron", "layers", "optim", "lenet"]
     res = {"meta": H.meta(args, ("jax", "power_spherical", "bayesian-torch"), device=str(dev), n=n, rounds=rounds,
                           nominal_Bps=_nominal(dev), lenet_batch=32 if args.quick else 128,
                           driver=_driver() if dev.type == "cuda" else None)}
     for job in jobs:
         t0 = time.perf_counter()
         res[job] = {"bandwidth": lambda: _bandwidth(dev, n, rounds, sync), "fused": lambda: _fused(dev, n, rounds, sync),
-                    "vmf": lambda: _vmf(dev, n, rounds, sync), "kron": lambda: _kron(dev, args.quick, rounds, sync),
+                    "vmf": lambda: _vmf(dev, n, rounds, sync), "ps": lambda: _ps(dev, n, rounds, sync), "kron": lambda: _kron(dev, args.quick, rounds, sync),
                     "layers": lambda: _layers(dev, rounds, sync), "optim": lambda: _optim(dev, rounds, sync),
                     "lenet": lambda: _lenet(dev, args.quick, sync, args.lenet_steps)}[job]()
         print(f"gpu bench: {job} done in {time.perf_counter() - t0:.1f} s", flush=True)
+        if args.out:  # what is done so far, in case the lease ends before the last job
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "gpu.partial.json"), "w") as f:
+                json.dump(res, f, indent=1, default=str)
     return res
 
 
@@ -331,6 +376,14 @@ def render(res):
             t.add(r["d"], f"{r['samples']} x {r['batch']}", H.fmt_time(o), f"{r['bytes'] / o / bw:.0%}" if bw else "-",
                   *[H.fmt_ratio(r["impls"][k]["min"] / o) if k in r["impls"] else "-" for k in names])
         L += ["## vMF sampling (float32)\n", str(t), ""]
+    if "ps" in res:
+        names = sorted({k for r in res["ps"] for k in r["impls"]} - {"vmfdist"})
+        t = H.Table("d", "mode", "samples x batch", "ours", *[f"{k} / ours" for k in names])
+        for r in res["ps"]:
+            o = r["impls"]["vmfdist"]["min"]
+            t.add(r["d"], r["mode"], f"{r['samples']} x {r['batch']}", H.fmt_time(o),
+                  *[H.fmt_ratio(r["impls"][k]["min"] / o) if k in r["impls"] else "-" for k in names])
+        L += ["## PowerSpherical (float32)\n", str(t), ""]
     if "kron" in res:
         k = res["kron"]
         o, f = k["impls"]["vmfdist"]["min"], k["impls"]["matmul floor"]["min"]
