@@ -213,6 +213,13 @@ if want build; then
   if [ -z "$ARCH" ]; then
     echo "no GPU visible to torch: nothing to build for (use --dry-run on a machine without a GPU)" | tee -a "$LOGS/all.log"
     printf 'build\t3\t0\t0\n' >> "$LOGS/stages.tsv"
+  elif [ "$DRY" = 0 ] && [ -z "${GPU_CHECK_FORCE_BUILD:-}" ] && [ -f gpu_prebuilt/MANIFEST ] && \
+       [ "$(cat gpu_prebuilt/MANIFEST)" = "torch=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null) arch=$ARCH sources=$(sources_hash)" ]; then
+    # the dry run's module matches this torch, this GPU and these sources: no GPU time on compiling
+    # (the first GPU session had 15 minutes; GPU_CHECK_FORCE_BUILD=1 compiles anyway)
+    cp gpu_prebuilt/_C*.so vmfdist/
+    echo "build: using gpu_prebuilt/ ($(cat gpu_prebuilt/MANIFEST)), nothing compiled" | tee -a "$LOGS/all.log"
+    printf 'build-prebuilt\t0\t0\t0\n' >> "$LOGS/stages.tsv"
   else
     export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS="$NPROC" VMFDIST_REQUIRE_CUDA=1
     # torch's build runs the first ninja on PATH: the python's own (pip's ninja) when it has one
@@ -267,7 +274,7 @@ if want sanitize; then
       # memcheck without the caching allocator, so that a read past a tensor's end is past an
       # allocation's end too
       PYTORCH_NO_CUDA_MEMORY_CACHING=$([ "$1" = memcheck ] && echo 1 || echo 0) \
-        run_stage "sanitize-$1" "$(limit sanitize 75)" "$CS" --tool "$1" "${FILTER[@]}" \
+        run_stage "sanitize-$1" "$(limit sanitize "$([ "$1" = initcheck ] && echo 120 || echo 45)")" "$CS" --tool "$1" "${FILTER[@]}" \
         --error-exitcode 99 --print-limit 20 "$PY" scripts/gpu_kernels.py --sizes 0 1 3 37 1031
     }
     for tool in memcheck racecheck synccheck initcheck; do
