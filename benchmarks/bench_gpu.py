@@ -131,31 +131,46 @@ def _fused(dev, n, rounds, sync):
     return rows
 
 
-def _vmf(dev, n, rounds, sync):
-    from vmfdist._ops import lib
-
-    rows = []
+def _sphere_peers():
+    """The peers of the samplers' jobs: (jax, tfp) (None where not installed) and the power_spherical
+    package's class (or None)."""
     jax, tfp = H.jax_tfp()
     try:
         from power_spherical import PowerSpherical
     except Exception:
         PowerSpherical = None
+    return jax, tfp, PowerSpherical
+
+
+def _tfp_sampler(jax, dist, s):
+    """A warmed-up jitted TFP-JAX draw of s samples from dist, as a timed callable."""
+    f = jax.jit(lambda key: dist.sample(s, seed=key))
+    key = jax.random.PRNGKey(0)
+    f(key).block_until_ready()
+    return lambda: f(key).block_until_ready()
+
+
+def _batch(dev, b, d):
+    return nn.functional.normalize(torch.randn(b, d, device=dev), dim=-1), torch.full((b,), 10.0 * d, device=dev)
+
+
+def _vmf(dev, n, rounds, sync):
+    from vmfdist._ops import lib
+
+    rows = []
+    jax, tfp, PowerSpherical = _sphere_peers()
     for d in VMF_DIMS:
         b = 64
         s = max(1, n // (b * d))
-        loc = nn.functional.normalize(torch.randn(b, d, device=dev), dim=-1)
-        kap = torch.full((b,), 10.0 * d, device=dev)
+        loc, kap = _batch(dev, b, d)
         fns = {"vmfdist": lambda: lib.vmf_sample(loc, kap, s),
                "torch.randn (floor)": lambda: torch.randn(s, b, d, device=dev)}
         if PowerSpherical is not None:
             ps = PowerSpherical(loc, kap)
             fns["power_spherical"] = lambda: ps.rsample((s,))
         if jax is not None:
-            q = tfp.distributions.VonMisesFisher(jax.device_put(loc.cpu().numpy()), jax.device_put(kap.cpu().numpy()))
-            f = jax.jit(lambda key: q.sample(s, seed=key))
-            key = jax.random.PRNGKey(0)
-            f(key).block_until_ready()
-            fns["TFP-JAX"] = lambda: f(key).block_until_ready()
+            fns["TFP-JAX"] = _tfp_sampler(jax, tfp.distributions.VonMisesFisher(
+                jax.device_put(loc.cpu().numpy()), jax.device_put(kap.cpu().numpy())), s)
         r = _rounds(fns, rounds, sync)
         rows.append({"d": d, "batch": b, "samples": s, "bytes": 4 * s * b * (d + 1), "impls": r})
     return rows
@@ -167,16 +182,11 @@ def _ps(dev, n, rounds, sync):
     from vmfdist.distributions import PowerSpherical as Ours
 
     rows = []
-    jax, tfp = H.jax_tfp()
-    try:
-        from power_spherical import PowerSpherical as Theirs
-    except Exception:
-        Theirs = None
+    jax, tfp, Theirs = _sphere_peers()
     for d in VMF_DIMS:
         b = 64
         s = max(1, n // (4 * b * d))  # a quarter of the vMF job's size: the backward keeps the samples
-        loc = nn.functional.normalize(torch.randn(b, d, device=dev), dim=-1)
-        kap = torch.full((b,), 10.0 * d, device=dev)
+        loc, kap = _batch(dev, b, d)
         lg, kg = loc.clone().requires_grad_(), kap.clone().requires_grad_()
         for mode in ("sample", "rsample + backward"):
             if mode == "sample":
@@ -184,12 +194,8 @@ def _ps(dev, n, rounds, sync):
                 if Theirs is not None:
                     fns["power_spherical"] = lambda: Theirs(loc, kap).rsample((s,))
                 if jax is not None and hasattr(tfp.distributions, "PowerSpherical"):
-                    q = tfp.distributions.PowerSpherical(jax.device_put(loc.cpu().numpy()),
-                                                         jax.device_put(kap.cpu().numpy()))
-                    f = jax.jit(lambda key: q.sample(s, seed=key))
-                    key = jax.random.PRNGKey(0)
-                    f(key).block_until_ready()
-                    fns["TFP-JAX"] = lambda: f(key).block_until_ready()
+                    fns["TFP-JAX"] = _tfp_sampler(jax, tfp.distributions.PowerSpherical(
+                        jax.device_put(loc.cpu().numpy()), jax.device_put(kap.cpu().numpy())), s)
             else:
                 fns = {"vmfdist": lambda: Ours(lg, kg).rsample((s,)).sum().backward()}
                 if Theirs is not None:

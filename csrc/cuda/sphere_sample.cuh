@@ -47,6 +47,28 @@ __device__ inline double warp_sum(double v) {
   return v;
 }
 
+// Philox block j of row `row`'s tangent stream (seed, offset + 1, row): its normals below nt written
+// to xr[1 + 4j ..], and |e|^2, mu.e and |mu|^2 over those entries added to ee, me, mm.
+template <class scalar_t>
+__device__ inline void tangent_block(uint64_t seed, uint64_t offset, int64_t row, int64_t j, int64_t nt,
+                                     const scalar_t* __restrict__ mu, scalar_t* __restrict__ xr, double& ee,
+                                     double& me, double& mm) {
+  double z[4];
+  fast_normal::normal4_for<scalar_t>(seed, offset + 1, static_cast<uint64_t>(row), static_cast<uint32_t>(j), z);
+  for (int k = 0; k < 4; ++k) {
+    const int64_t idx = 4 * j + k;
+    if (idx < nt) {
+      const scalar_t e = static_cast<scalar_t>(z[k]);
+      const double ed = static_cast<double>(e);
+      const double mi = static_cast<double>(mu[1 + idx]);
+      xr[1 + idx] = e;
+      ee += ed * ed;
+      me += mi * ed;
+      mm += mi * mi;
+    }
+  }
+}
+
 // One row by one warp, given its marginal (the same on every lane).
 template <class scalar_t>
 __device__ inline void warp_row(int lane, int64_t row, double w, double omw, double opw,
@@ -57,22 +79,7 @@ __device__ inline void warp_row(int lane, int64_t row, double w, double omw, dou
   const scalar_t* mu = loc + (row % B) * d;
   scalar_t* xr = x + row * d;
   double ee = 0.0, me = 0.0, mm = 0.0;
-  for (int64_t j = lane; j < nblk; j += kWarp) {
-    double z[4];
-    fast_normal::normal4_for<scalar_t>(seed, offset + 1, static_cast<uint64_t>(row), static_cast<uint32_t>(j), z);
-    for (int k = 0; k < 4; ++k) {
-      const int64_t idx = 4 * j + k;
-      if (idx < nt) {
-        const scalar_t e = static_cast<scalar_t>(z[k]);
-        const double ed = static_cast<double>(e);
-        const double mi = static_cast<double>(mu[1 + idx]);
-        xr[1 + idx] = e;
-        ee += ed * ed;
-        me += mi * ed;
-        mm += mi * mi;
-      }
-    }
-  }
+  for (int64_t j = lane; j < nblk; j += kWarp) tangent_block(seed, offset, row, j, nt, mu, xr, ee, me, mm);
   if (lane == 0) mm += static_cast<double>(mu[0]) * static_cast<double>(mu[0]);
   ee = warp_sum(ee);
   me = warp_sum(me);
@@ -163,23 +170,7 @@ __global__ void thread_rows_kernel(const scalar_t* __restrict__ loc, const scala
                                     static_cast<double>(kappa[b]));
     double ee = 0.0, me = 0.0;
     double mm = static_cast<double>(mu[0]) * static_cast<double>(mu[0]);
-    for (int64_t j = 0; j < nblk; ++j) {
-      double z[4];
-      fast_normal::normal4_for<scalar_t>(so.seed, so.offset + 1, static_cast<uint64_t>(row), static_cast<uint32_t>(j),
-                                         z);
-      for (int k = 0; k < 4; ++k) {
-        const int64_t idx = 4 * j + k;
-        if (idx < nt) {
-          const scalar_t e = static_cast<scalar_t>(z[k]);
-          const double ed = static_cast<double>(e);
-          const double mi = static_cast<double>(mu[1 + idx]);
-          xr[1 + idx] = e;
-          ee += ed * ed;
-          me += mi * ed;
-          mm += mi * mi;
-        }
-      }
-    }
+    for (int64_t j = 0; j < nblk; ++j) tangent_block(so.seed, so.offset, row, j, nt, mu, xr, ee, me, mm);
     double mu_scale = 1.0;
     if (vmf::loc_needs_scaling(mm)) {
       double mx = 0.0;
