@@ -151,8 +151,8 @@ def render(res):
           "sample, `power_spherical_marginal_grad`) plus the fused reflection backward; the package differentiates "
           "through torch's `Beta.rsample` (`_dirichlet_grad`, an approximation), TFP through its Gamma samplers' "
           "implicit gradients.  That quadrature (1–2 µs a sample on one core) is what makes our backward slower "
-          "than the peers' for small d and large n, where the sample itself is cheap; from d = 100 the fused sampler "
-          "and reflection dominate."]
+          "than the peers' for small d (but 3) and large n, where the sample itself is cheap; from d = 100 the fused "
+          "sampler and reflection dominate.  On S² (d = 3) the gradient is a closed form, one `log1p` a sample."]
     if m.get("pythonpath"):
         L.append(f"- JAX and TFP were imported from `PYTHONPATH={m['pythonpath']}` (an environment of their own; "
                  "torch and the package from the project's).")
