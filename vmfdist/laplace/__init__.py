@@ -6,7 +6,7 @@ import torch
 
 from .diag import DiagLaplace, DiagLLLaplace
 from .full import FullLaplace, FullLLLaplace
-from .kron import EKFACLaplace, EKFACLLLaplace, KFACLaplace, KronLaplace, KronLLLaplace, _KroneckerLaplace
+from .kron import EKFACLaplace, EKFACLLLaplace, KFACLaplace, KronLaplace, KronLLLaplace, _BaseLaplace
 
 __all__ = ["KFACLaplace", "EKFACLaplace", "DiagLaplace", "FullLaplace", "KronLaplace", "KronLLLaplace",
            "EKFACLLLaplace", "DiagLLLaplace", "FullLLLaplace", "Laplace"]
@@ -16,7 +16,7 @@ _STRUCTURES = {"kron": KFACLaplace, "ekfac": EKFACLaplace, "diag": DiagLaplace, 
 
 
 def Laplace(model: torch.nn.Module, likelihood: str, subset_of_weights: str = "last_layer",
-            hessian_structure: str = "kron", **kwargs) -> _KroneckerLaplace:
+            hessian_structure: str = "kron", **kwargs) -> _BaseLaplace:
     """laplace-torch's factory, with its defaults: ``Laplace(model, likelihood)`` is the K-FAC
     Laplace over the **last layer** (laplace-torch's ``KronLLLaplace``).
 

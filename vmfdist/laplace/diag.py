@@ -6,12 +6,12 @@ import torch
 
 from ..curvature import KroneckerFactor
 from .blocks import all_sum, collect_block_moments
-from .kron import _KroneckerLaplace
+from .kron import _BaseLaplace
 
 __all__ = ["DiagLaplace", "DiagLLLaplace"]
 
 
-class DiagLaplace(_KroneckerLaplace):
+class DiagLaplace(_BaseLaplace):
     r"""Diagonal Laplace approximation (laplace-torch's ``DiagLaplace``): the likelihood term is
     the exact diagonal of the GGN, :math:`\sum_n\sum_c (\nabla_\theta \ell_{n,c})^{\odot 2}` over
     the backpropagated columns of the loss-Hessian square root -- EK-FAC's second moments in the

@@ -17,7 +17,7 @@ samples :math:`\theta_* + L^{-T}z`, GLM variances :math:`\|L^{-1}J^T\|^2`.
 The per-example Jacobians come from one forward pass and one batched backward pass to the
 covered layers' outputs (:class:`~vmfdist.laplace.blocks.Capture`), the rows
 :math:`\Lambda_n^{1/2\,T} J_n` of all examples of a chunk are stacked and :math:`H` gains their
-Gram matrix.  :class:`FullLaplace` reuses :class:`~vmfdist.laplace.kron._KroneckerLaplace` for
+Gram matrix.  :class:`FullLaplace` reuses :class:`~vmfdist.laplace.kron._BaseLaplace` for
 everything that is not dense algebra (the evidence, the prior optimisation, the predictives,
 the link approximations); ``FullPrecision`` has the methods of
 :class:`~vmfdist.laplace.precision.KroneckerPrecision`.
@@ -30,7 +30,7 @@ import torch
 
 from ..curvature import batch_nll, batch_rows, check_output, output_gradients
 from .blocks import Capture, all_sum, block_inputs, ranks
-from .kron import _KroneckerLaplace
+from .kron import _BaseLaplace
 from .predictive import _backprop, empty_predictive
 
 __all__ = ["FullLaplace", "FullPrecision", "DEFAULT_MAX_SIZE"]
@@ -228,7 +228,7 @@ def checked_subnetwork_indices(indices, n_params: int, owner: str, device) -> Op
     return idx
 
 
-class FullLaplace(_KroneckerLaplace):
+class FullLaplace(_BaseLaplace):
     """Laplace approximation with the full (dense) GGN, laplace-torch's ``FullLaplace``, or, with
     ``subnetwork_indices``, its subnetwork Laplace (``SubnetLaplace``, ``hessian_structure="full"``).
 

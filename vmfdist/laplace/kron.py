@@ -45,17 +45,13 @@ from ..curvature import KFAC_APPROX, LIKELIHOODS, KroneckerFactor, canonical_fis
 from .blocks import (SUBSETS, Block, ParameterLayout, all_sum, broadcast, collect_block_moments, find_blocks,
                      last_executed_layer, last_registered_layer, ranks, unpack_batch)
 from .precision import KroneckerPrecision, checked_prior_mean, checked_prior_precision, checked_sigma_noise
-from .predictive import empty_predictive, glm_samples, glm_terms, link, validation_loss
+from .predictive import _PRED_TYPES, PredictiveMixin, link, validation_loss
 from .reuse import FromFactorsMixin
 from .saving import SavingMixin
 
 __all__ = ["KFACLaplace", "EKFACLaplace", "KronLaplace", "KronLLLaplace", "EKFACLLLaplace"]
 
-_PRED_TYPES = ("glm", "nn")
-_LINK_APPROX = ("probit", "mc", "bridge", "bridge_norm")
-
-
-class _KroneckerLaplace(FromFactorsMixin, SavingMixin):
+class _BaseLaplace(PredictiveMixin, FromFactorsMixin, SavingMixin):
     """What :class:`KFACLaplace` and :class:`EKFACLaplace` share (everything but the
     eigenvalues of the likelihood term)."""
 
@@ -506,131 +502,8 @@ class _KroneckerLaplace(FromFactorsMixin, SavingMixin):
         best = min(range(len(results)), key=lambda k: (not math.isfinite(results[k]), results[k]))
         return grid[best]
 
-    # ------------------------------------------------------------------------ predictive
-    def _glm_terms(self, X: torch.Tensor):
-        return glm_terms(self.model, self._blocks, X, self.enable_backprop)
 
-    def _glm_variance(self, cache) -> torch.Tensor:
-        f, terms = cache
-        return self._precision.glm_variance(f, terms, self._H_factor, self.prior_precision)
-
-    def _glm_covariance(self, cache) -> torch.Tensor:
-        f, terms = cache
-        return self._precision.glm_covariance(f, terms, self._H_factor, self.prior_precision)
-
-    #: largest number of entries of the per-example rotated Jacobians of a weight-sharing
-    #: layer (outputs x batch x out x in) held at once; larger batches are split
-    glm_chunk_elements = 2 ** 24
-
-    def _glm_predictive_distribution(self, X: torch.Tensor, joint: bool = False, diagonal_output: bool = False):
-        self._check_fitted()
-        X = X.to(self._device)
-        if X.shape[0] == 0:  # an empty batch: empty predictions (as laplace-torch), no Jacobians
-            return empty_predictive(self.model, X, joint, diagonal_output)
-        if joint:
-            cache = self._glm_terms(X)
-            return cache[0].reshape(-1), self._glm_covariance(cache)
-        # convolutions keep a (outputs, batch, out, in) Jacobian per layer: bound its size
-        per_example = max([max(self.n_outputs, 1) * b.out_dim * b.in_dim for b in self._blocks
-                           if isinstance(b.module, nn.Conv2d)] or [0])
-        chunk = X.shape[0] if per_example == 0 else max(1, self.glm_chunk_elements // per_example)
-        mus, vars_ = [], []
-        for i in range(0, X.shape[0], chunk):
-            cache = self._glm_terms(X[i:i + chunk])
-            mus.append(cache[0])
-            vars_.append(self._glm_variance(cache))
-        f_mu = mus[0] if len(mus) == 1 else torch.cat(mus)
-        f_var = vars_[0] if len(vars_) == 1 else torch.cat(vars_)
-        if diagonal_output:
-            f_var = f_var.diagonal(dim1=-2, dim2=-1)
-        return f_mu, f_var
-
-    def functional_variance(self, Js: torch.Tensor) -> torch.Tensor:
-        """:math:`J P^{-1} J^T` for Jacobians ``Js`` ``(batch, outputs, n_params)`` (as
-        laplace-torch's ``functional_variance``)."""
-        self._check_fitted()
-        d = self._precision.dim
-        if Js.dim() != 3 or Js.shape[-1] != d:
-            raise ValueError(f"Js must have shape (batch, outputs, {d}) (the posterior's coordinates), got "
-                             f"{tuple(Js.shape)}")
-        return self._precision.functional_variance(Js, self._H_factor, self.prior_precision)
-
-    def __call__(self, x: torch.Tensor, pred_type: str = "glm", joint: bool = False, link_approx: str = "probit",
-                 n_samples: int = 100, diagonal_output: bool = False, generator: Optional[torch.Generator] = None,
-                 fitting: bool = False, **model_kwargs):
-        """The posterior predictive at ``x``, as laplace-torch's: class probabilities
-        ``(batch, classes)`` for classification; for regression the mean ``(batch, outputs)``
-        and the functional variance ``(batch, outputs, outputs)`` (the diagonal with
-        ``diagonal_output=True``; the joint ``(batch*outputs)^2`` covariance with
-        ``joint=True``), which, as in laplace-torch, does not include ``sigma_noise**2``.
-
-        ``pred_type="glm"``: the linearised network, :math:`f(x)` and :math:`J P^{-1} J^T`
-        computed per layer in the Kronecker eigenbasis from the layer's output Jacobians
-        (one batched backward pass; the ``(outputs x n_params)`` Jacobian is never formed),
-        with ``link_approx`` ``"probit"`` (:math:`\\mathrm{softmax}(f/\\sqrt{1+\\frac\\pi8
-        \\mathrm{diag}\\,\\Sigma})`), ``"mc"`` (``n_samples`` Gaussian draws of the logits), or
-        ``"bridge"``/``"bridge_norm"``.  ``pred_type="nn"``: ``n_samples`` weight draws from
-        the posterior pushed through the network (``link_approx`` must be ``"mc"``)."""
-        self._check_fitted()
-        if pred_type not in _PRED_TYPES:
-            raise ValueError(f"pred_type must be one of {_PRED_TYPES}, got {pred_type!r}")
-        if link_approx not in _LINK_APPROX:
-            raise ValueError(f"link_approx must be one of {_LINK_APPROX}, got {link_approx!r}")
-        if pred_type == "nn" and link_approx != "mc":
-            raise ValueError("pred_type='nn' supports link_approx='mc' only")
-        if not (isinstance(n_samples, int) and n_samples >= 1):
-            raise ValueError(f"n_samples must be a positive int, got {n_samples!r}")
-        if generator is not None and (not isinstance(generator, torch.Generator) or generator.device != self._device):
-            raise ValueError("generator must be a torch.Generator on the model's device")
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"x must be a tensor, got {type(x).__name__}")
-        if pred_type == "glm":
-            f_mu, f_var = self._glm_predictive_distribution(x, joint=joint and self.likelihood == "regression")
-            if self.likelihood == "regression":
-                if diagonal_output and not joint:
-                    f_var = f_var.diagonal(dim1=-2, dim2=-1)
-                return f_mu, f_var
-            return link(f_mu, f_var, link_approx, n_samples, generator, diagonal_output)
-        fs = self._nn_functional_samples(x, n_samples, generator, **model_kwargs)
-        if self.likelihood == "regression":
-            return fs.mean(0), fs.var(0)
-        return fs.softmax(-1).mean(0)
-
-    def predictive(self, x, pred_type="glm", link_approx="probit", n_samples=100):
-        return self(x, pred_type=pred_type, link_approx=link_approx, n_samples=n_samples)
-
-    @torch.no_grad()
-    def _nn_functional_samples(self, x, n_samples, generator=None, **model_kwargs) -> torch.Tensor:
-        thetas = self.sample(n_samples, generator)
-        saved = [p.detach().clone() for p in self.params]
-        fs = []
-        try:
-            for theta in thetas:
-                for p in self.params:
-                    p.copy_(self._layout.part(p, theta).reshape(p.shape))
-                fs.append(self.model(x.to(self._device), **model_kwargs).detach())
-        finally:
-            for p, s in zip(self.params, saved):
-                p.copy_(s)
-        return torch.stack(fs)
-
-    def functional_samples(self, x, pred_type="glm", n_samples=100, diagonal_output=False, generator=None):
-        """``n_samples`` draws of the network output at ``x``: ``(n_samples, batch, outputs)``."""
-        self._check_fitted()
-        if pred_type == "glm":
-            f_mu, f_var = self._glm_predictive_distribution(x)
-            return glm_samples(f_mu, f_var, n_samples, generator, diagonal_output)
-        if pred_type == "nn":
-            return self._nn_functional_samples(x, n_samples, generator)
-        raise ValueError(f"pred_type must be one of {_PRED_TYPES}, got {pred_type!r}")
-
-    def predictive_samples(self, x, pred_type="glm", n_samples=100, diagonal_output=False, generator=None):
-        """As :meth:`functional_samples`, with the softmax applied for classification."""
-        fs = self.functional_samples(x, pred_type, n_samples, diagonal_output, generator)
-        return fs if self.likelihood == "regression" else fs.softmax(-1)
-
-
-class KFACLaplace(_KroneckerLaplace):
+class KFACLaplace(_BaseLaplace):
     """K-FAC Laplace approximation (Ritter et al. 2018) with laplace-torch's interface.
 
     Args:
@@ -671,7 +544,7 @@ class KFACLaplace(_KroneckerLaplace):
     """
 
 
-class EKFACLaplace(_KroneckerLaplace):
+class EKFACLaplace(_BaseLaplace):
     """EK-FAC Laplace approximation: the K-FAC eigenbasis with the eigenvalues
     :math:`\\lambda_i\\mu_j` replaced by the second moments of the per-example gradients
     (GGN columns for ``fisher_type="ggn"``) in that basis (George et al. 2018), so that
