@@ -315,14 +315,9 @@ def _plot(results, first, path):
     shown = ["map", "kfac", "ekfac", "kfac-marglik"]
     fig, axes = plt.subplots(2, 4, figsize=(14, 6.5))
     for ax, key in zip(axes[0], shown):
-        conf, acc, count = bnn.calibration_bins(probs[key].double(), y, 15)
-        keep = count > 0
-        centers = (torch.arange(15, dtype=torch.float64) + 0.5) / 15
-        ax.bar(centers[keep].numpy(), acc[keep].numpy(), width=1 / 15, edgecolor="black")
-        ax.plot([0, 1], [0, 1], "--", color="grey")
+        bnn.reliability_diagram(probs[key].double(), y, 15, ax=ax)
         ax.set_title(f"{METHODS[key][0]}\nECE {100 * float(bnn.ece(probs[key].double(), y)):.2f}%", fontsize=7)
-        ax.set_xlabel("confidence")
-        ax.set_ylabel("accuracy")
+        ax.legend().set_visible(False)
     angles = results["settings"]["angles"]
     for ax, metric in zip(axes[1], ("accuracy", "nll", "ece")):
         for key in METHODS:
