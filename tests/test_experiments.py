@@ -486,3 +486,65 @@ def test_split_syntax_is_checked_without_enumerating():
     for bad in ("x", "5-2", "-1"):
         with pytest.raises(ValueError, match="--splits"):
             uci.split_bounds(bad)
+
+
+def test_random10_splits_are_the_authors_procedure(tmp_path):
+    """--split-protocol random10: for seeds 1..10, numpy's RandomState(seed).choice permutation, its first
+    round(0.9 n) rows for training (the authors' 80 % + 10 % validation, merged) and the rest for testing;
+    disjoint, covering every row, different per seed; the standard splits untouched otherwise."""
+    from vmfdist.experiments import uci_data
+
+    _fake_uci(tmp_path, n=61)
+    data = uci.load_dataset("toy", str(tmp_path))
+    r10 = uci_data.with_protocol(data, "random10")
+    assert len(r10.splits) == 10 and uci_data.with_protocol(data, "standard") is data
+    for s, (tr, te) in zip(range(1, 11), r10.splits):
+        perm = np.random.RandomState(s).permutation(61)  # the same draws as choice(arange(n), n, replace=False)
+        assert len(tr) == 55 and len(te) == 6  # round(54.9) = 55
+        assert tr.tolist() == perm[:55].tolist() and te.tolist() == perm[55:].tolist()
+        assert sorted(tr.tolist() + te.tolist()) == list(range(61))
+    assert r10.splits[0][1].tolist() != r10.splits[1][1].tolist()
+    with pytest.raises(ValueError, match="--split-protocol must be one of standard, random10"):
+        uci_data.with_protocol(data, "random5")
+
+
+def test_naval_turbine_target_takes_every_other_column(tmp_path):
+    """--naval-target turbine: naval's column 17 is the target and columns 0..16 the inputs (the authors'
+    task); the default keeps the folder's index files; other sets ignore it; a naval file without 18
+    columns is refused, naming the file."""
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "naval-propulsion-plant"
+    folder.mkdir()
+    m = rng.normal(size=(40, 18))
+    np.savetxt(folder / "data.txt", m)
+    (folder / "index_features.txt").write_text("\n".join(str(i) for i in range(16)))
+    (folder / "index_target.txt").write_text("16")
+    for f, v in (("n_splits.txt", "1"), ("n_hidden.txt", "8"), ("n_epochs.txt", "2")):
+        (folder / f).write_text(v)
+    np.savetxt(folder / "index_train_0.txt", np.arange(30), fmt="%d")
+    np.savetxt(folder / "index_test_0.txt", np.arange(30, 40), fmt="%d")
+    std = uci.load_dataset("naval", str(tmp_path))
+    tur = uci.load_dataset("naval", str(tmp_path), naval_target="turbine")
+    assert std.x.shape == (40, 16) and np.allclose(std.y.numpy(), m[:, 16])
+    assert tur.x.shape == (40, 17) and np.allclose(tur.x.numpy(), m[:, :17]) and np.allclose(tur.y.numpy(), m[:, 17])
+    _fake_uci(tmp_path, name="toy")
+    assert uci.load_dataset("toy", str(tmp_path), naval_target="turbine").x.shape == (60, 3)
+    np.savetxt(folder / "data.txt", m[:, :17])
+    with pytest.raises(ValueError, match="naval's 18 columns, got 17"):
+        uci.load_dataset("naval", str(tmp_path), naval_target="turbine")
+
+
+def test_uci_random10_run_and_no_mixing_of_protocols(tmp_path):
+    """A random10 smoke run records its protocol, seeds its splits apart from the standard ones, and a later
+    standard run into the same folder is refused rather than mixed."""
+    data_dir, out = tmp_path / "uci", tmp_path / "o"
+    _fake_uci(data_dir, name="aaa", seed=1)
+    base = ["uci", "--data-dir", str(data_dir), "--methods", "map", "--splits", "0-1", "--epochs", "1", "--jobs", "1",
+            "--out", str(out), "--datasets", "aaa"]
+    cli.main(base + ["--split-protocol", "random10"])
+    res = json.loads((out / "uci.json").read_text())
+    assert res["settings"]["split_protocol"] == "random10" and len(res["datasets"]["aaa"]["map"]["test_ll"]) == 2
+    assert "10 random 90/10 splits" in (out / "uci.md").read_text()
+    assert uci.seed_for("aaa", "map", 0, "random10") != uci.seed_for("aaa", "map", 0)
+    with pytest.raises(SystemExit):
+        cli.main(base)

@@ -10,7 +10,7 @@ from typing import List, Optional, Tuple
 import torch
 
 __all__ = ["DATA_HELP", "ALIASES", "LARGE", "UCIData", "Split", "load_dataset", "list_datasets", "short_name",
-           "make_split", "validation_split"]
+           "make_split", "validation_split", "SPLIT_PROTOCOLS", "NAVAL_TARGETS", "random_splits", "with_protocol"]
 
 #: where the data come from, for --help and for the error a missing folder gets
 DATA_HELP = ("a folder holding one sub-folder per UCI set in the standard format of the papers' experiments "
@@ -116,7 +116,42 @@ def _set_folder(root: str) -> Optional[str]:
     return None
 
 
-def load_dataset(name: str, data_dir: str) -> UCIData:
+#: ``--split-protocol``: the published standard splits (20; protein 5), or the authors' 10 random
+#: 90/10 splits (Bae et al.'s code, every set, protein included)
+SPLIT_PROTOCOLS = ("standard", "random10")
+#: ``--naval-target``: the standard collection's target (compressor decay, column 16, the turbine
+#: decay column 17 left out), or the authors' (turbine decay, with every other column an input)
+NAVAL_TARGETS = ("compressor", "turbine")
+
+
+def random_splits(n_rows: int, n_splits: int = 10, first_seed: int = 1) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    """The random splits of the authors' code (NoisyNaturalGradient, ``regression/misc/data_loader.py``):
+    for seed ``s`` in ``first_seed, first_seed + 1, ...`` the permutation
+    ``numpy.random.RandomState(s).choice(n, n, replace=False)``; its first ``round(0.8 n)`` rows are
+    their training and the next ones up to ``round(0.9 n)`` their validation set, which they merge
+    back into training, so ``(train, test)`` = (the first ``round(0.9 n)``, the rest).  Their data
+    files hold the same rows in the same order as the standard collection's (checked for all nine
+    sets; naval's columns differ, see ``NAVAL_TARGETS``), so these are their very splits."""
+    import numpy as np
+
+    out = []
+    for s in range(first_seed, first_seed + n_splits):
+        perm = np.random.RandomState(s).choice(np.arange(n_rows), n_rows, replace=False)
+        n_train = int(np.round(n_rows * 0.9))
+        out.append((torch.from_numpy(perm[:n_train].astype(np.int64)), torch.from_numpy(perm[n_train:].astype(np.int64))))
+    return out
+
+
+def with_protocol(data: UCIData, protocol: str) -> UCIData:
+    """``data`` with the splits of ``protocol`` (SPLIT_PROTOCOLS)."""
+    if protocol not in SPLIT_PROTOCOLS:
+        raise ValueError(f"--split-protocol must be one of {', '.join(SPLIT_PROTOCOLS)}, got {protocol!r}")
+    if protocol == "standard":
+        return data
+    return UCIData(data.name, data.folder, data.x, data.y, random_splits(len(data.y)), data.n_hidden, data.n_epochs)
+
+
+def load_dataset(name: str, data_dir: str, naval_target: str = "compressor") -> UCIData:
     _check_data_dir(data_dir)
     folder = ALIASES.get(name, name)
     root = _set_folder(os.path.join(data_dir, folder))
@@ -128,6 +163,12 @@ def load_dataset(name: str, data_dir: str) -> UCIData:
     target = _read_ints(os.path.join(root, "index_target.txt"), 0, cols)
     if len(target) != 1:
         raise ValueError(f"{root}/index_target.txt must name one column, got {target}")
+    if naval_target not in NAVAL_TARGETS:
+        raise ValueError(f"--naval-target must be one of {', '.join(NAVAL_TARGETS)}, got {naval_target!r}")
+    if naval_target == "turbine" and short_name(folder) == "naval":
+        if cols != 18:
+            raise ValueError(f"{root}/data.txt: the turbine-decay target needs naval's 18 columns, got {cols}")
+        feats, target = list(range(17)), [17]  # the authors' task: every other column an input
     if not feats or target[0] in feats:
         raise ValueError(f"{root}/index_features.txt must name at least one column and not the target column")
     if float(data[:, target[0]].std()) == 0.0:
