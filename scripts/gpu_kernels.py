@@ -1,6 +1,7 @@
 """Call every compiled op once per size and layout: the program compute-sanitizer watches.
 
-    python scripts/gpu_kernels.py [--device cuda|cpu] [--sizes 0 1 2 3 37 1031]
+    python scripts/gpu_kernels.py [--device cuda|cpu] [--sizes 0 1 2 3 37 1031] [--ops NAME ...]
+                                  [--layouts contiguous noncontiguous broadcast] [--dtypes float32 float64]
 
 Every case of tests/op_cases.py (one per op of csrc/ops.cpp) runs for each size (0: empty
 inputs or zero samples; 1: one element; odd sizes that leave partial vectors, warps and
@@ -31,6 +32,9 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--sizes", nargs="*", type=int, default=[0, 1, 2, 3, 37, 1031])
     p.add_argument("--ops", nargs="*", default=None, help="op names (default: all)")
+    p.add_argument("--layouts", nargs="*", default=list(LAYOUTS), choices=LAYOUTS,
+                   help="input layouts (default: all), e.g. to localise a sanitizer report")
+    p.add_argument("--dtypes", nargs="*", default=["float32", "float64"], choices=["float32", "float64"])
     args = p.parse_args(argv)
     dev = torch.device(args.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -38,9 +42,9 @@ def main(argv=None) -> int:
     for name in args.ops or sorted(CASES):
         t0, calls = time.perf_counter(), 0
         try:
-            for dt in (torch.float32, torch.float64):
+            for dt in (getattr(torch, d) for d in args.dtypes):
                 for n in args.sizes:
-                    for layout in LAYOUTS:
+                    for layout in args.layouts:
                         outs = CASES[name](dev, dt, n, layout)
                         sync()
                         calls += 1
