@@ -271,10 +271,16 @@ if want sanitize; then
     [ -x "$CS" ] || CS="$(command -v compute-sanitizer || echo compute-sanitizer)"
     FILTER=(--kernel-name kns=vmfdist)  # only the kernels of vmfdist (their names hold the namespace)
     sanitize() {  # sanitize TOOL: one compute-sanitizer run over the driver, as a stage
-      # memcheck without the caching allocator, so that a read past a tensor's end is past an
-      # allocation's end too
-      PYTORCH_NO_CUDA_MEMORY_CACHING=$([ "$1" = memcheck ] && echo 1 || echo 0) \
-        run_stage "sanitize-$1" "$(limit sanitize "$([ "$1" = initcheck ] && echo 120 || echo 45)")" "$CS" --tool "$1" "${FILTER[@]}" \
+      # memcheck and initcheck without the caching allocator, so that a read past a tensor's end is
+      # past an allocation's end too, and no allocation comes back already written.  initcheck
+      # without the kernel filter: it only sees the writes of the kernels it instruments, so
+      # filtered it reports every read of memory that torch's kernels or cuBLAS wrote (the first
+      # GPU session's "uninitialized reads", docs/install.md) -- unfiltered it checks torch's too
+      local f=("${FILTER[@]}") nocache=0
+      [ "$1" = initcheck ] && f=()
+      { [ "$1" = memcheck ] || [ "$1" = initcheck ]; } && nocache=1
+      PYTORCH_NO_CUDA_MEMORY_CACHING=$nocache \
+        run_stage "sanitize-$1" "$(limit sanitize "$([ "$1" = initcheck ] && echo 120 || echo 45)")" "$CS" --tool "$1" "${f[@]}" \
         --error-exitcode 99 --print-limit 20 "$PY" scripts/gpu_kernels.py --sizes 0 1 3 37 1031
     }
     for tool in memcheck racecheck synccheck initcheck; do

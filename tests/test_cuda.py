@@ -183,7 +183,7 @@ def _bayesian_models(dev):
 
 
 SYNC_CASES = ["VonMisesFisher", "Radial", "philox", "meanfield", "meanfield-local", "meanfield-flipout", "radial",
-              "rdp"]
+              "rdp", "predict"]
 
 
 @gpu
@@ -206,6 +206,14 @@ def test_samplers_and_layers_never_sync_with_the_host(what):
         step = lambda: dist.rsample((2,)).sum().backward()  # noqa: E731
     elif what == "philox":
         step = lambda: (philox_uniform(100, device=dev), philox_normal(100, device=dev))  # noqa: E731
+    elif what == "predict":  # the predictive's sampled forward; the wide Radial layer takes its per-example draw
+        from vmfdist.nn.predictive import _predictive_forward
+
+        m = torch.nn.Sequential(bnn.RadialLinear(256, 128, device=dev), torch.nn.ReLU(),
+                                bnn.MeanFieldLinear(128, 5, device=dev)).eval()
+        x = torch.randn(2, 256, device=dev)
+        # (predict itself reads one flag on the host by design: its check that x is finite, docs/nn.md)
+        step = lambda: _predictive_forward(m, x, 8, None)  # noqa: E731
     else:
         m = _bayesian_models(dev)[what]
         x, y = torch.randn(16, 1, 8, 8, device=dev), torch.randint(0, 5, (16,), device=dev)

@@ -24,7 +24,6 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from torch.distributions import Chi2
 
 from ..distributions import Radial, radial_noise
 from ..distributions.kl import kl_radial_normal_softplus
@@ -139,7 +138,10 @@ class RadialLinear(_LinearOps, _Radial):
         sumsq = g.square().sum(-1)  # (S, B)
         rest = self.weight_mu.numel() - n_out  # D - out = out * (in - 1)
         if rest:
-            sumsq = sumsq + Chi2(torch.tensor(float(rest), **fk)).sample((s, bsz))
+            # chi-square(rest) = 2 Gamma(rest / 2), as torch's Chi2 draws it, without the Chi2 object,
+            # whose constructor copies its Python rate to the device (a host sync on a GPU)
+            q = torch._standard_gamma(torch.full((s, bsz), 0.5 * rest, **fk)).mul_(2)
+            sumsq = sumsq + q.clamp_(min=torch.finfo(q.dtype).tiny)
         coef = torch.randn((s, bsz), **fk).mul_(sumsq.rsqrt_())  # r / |eps|
         out = torch.addcmul(mean, scale, g.mul_(coef.unsqueeze(-1)).to(x.dtype))  # (S, B, out)
         if self.bias_mu is not None:
