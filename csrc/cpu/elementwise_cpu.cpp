@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <concepts>
 #include <type_traits>
 
 #include "host/elementwise_host.h"
@@ -30,6 +31,22 @@ concept HasBlock = requires(const Fn& fn, const double* a, double* const* out, i
 // the block routines (a few ns an element) need larger ones.
 template <class Fn>
 constexpr int64_t kGrain = HasBlock<Fn> ? 16384 : 512;
+
+// An op whose cost an element depends on its extra arguments says so with grain() (e.g. the power
+// spherical gradient: a closed form on S^2, a quadrature elsewhere); where a cheap case took the
+// small grain, a thousand elements went to two OpenMP threads for 20 us of work, and with the other
+// core busy the call took milliseconds waiting for it.
+template <class Fn>
+concept HasGrain = requires(const Fn& fn) { { fn.grain() } -> std::convertible_to<int64_t>; };
+
+template <class Fn>
+int64_t grain_of(const Fn& fn) {
+  if constexpr (HasGrain<Fn>) {
+    return fn.grain();
+  } else {
+    return kGrain<Fn>;
+  }
+}
 
 // m elements from p with a byte stride (contiguous and broadcast runs get their own loops).
 template <class scalar_t>
@@ -123,7 +140,7 @@ struct Op<Fn, Args<E...>> {
               isa::dispatch([&] { loop<scalar_t>(data.data(), strides, size0, fn); });
             }
           },
-          kGrain<Fn>);
+          grain_of(fn));
     });
     return result<Fn>(out);
   }
