@@ -386,6 +386,44 @@ def test_nn_predictive_restores_parameters_and_averages_samples():
     assert m.shape == (4, 2) and v.shape == (4, 2) and bool((v > 0).all())
 
 
+class _HostBranch(nn.Module):
+    """A layer whose forward reads a value on the host (data-dependent control flow): torch.func.vmap
+    cannot run it, so the nn predictive must take its per-sample loop."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(5, 3).to(DT)
+
+    def forward(self, x):
+        out = self.lin(x)
+        return out if float(out.sum()) < 1e300 else -out
+
+
+@pytest.mark.parametrize("make", [_mlp, _cnn, lambda: nn.Sequential(_HostBranch())])
+def test_nn_predictive_batched_forward_equals_each_sampled_network(make):
+    """The nn predictive runs the sampled networks as one vmapped call where it can, the per-sample loop
+    otherwise; either way sample s is the model with parameter vector s loaded, checked here by loading
+    each with torch.nn.utils.vector_to_parameters into a copy of the model."""
+    import copy
+
+    model = make()
+    cnn = isinstance(model[0], nn.Conv2d)
+    g = torch.Generator().manual_seed(2)
+    X = torch.randn(24, 2, 5, 5, generator=g, dtype=DT) if cnn else torch.randn(24, 5, generator=g, dtype=DT)
+    y = torch.randint(0, 4 if cnn else 3, (24,), generator=g)
+    la = KFACLaplace(model, "classification", prior_precision=2.0)
+    la.fit(_loader(X, y))
+    thetas = la.sample(6, torch.Generator().manual_seed(5))
+    fs = la._nn_functional_samples(X[:7], 6, torch.Generator().manual_seed(5))
+    batched = la._batched_forward(X[:7], thetas, {})
+    assert (batched is None) == isinstance(model[0], _HostBranch)
+    ref_model = copy.deepcopy(model)
+    with torch.no_grad():
+        for s in range(6):
+            torch.nn.utils.vector_to_parameters(thetas[s], ref_model.parameters())
+            assert _rel(fs[s], ref_model(X[:7])) < 1e-12
+
+
 def test_mc_link_approaches_the_mean_of_softmax_samples():
     model = _mlp()
     X, y = _data("classification")

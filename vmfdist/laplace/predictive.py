@@ -255,9 +255,47 @@ class PredictiveMixin:
     def predictive(self, x, pred_type="glm", link_approx="probit", n_samples=100):
         return self(x, pred_type=pred_type, link_approx=link_approx, n_samples=n_samples)
 
+    #: The sampled networks' inputs (samples x input elements) that one batched forward pass of
+    #: :meth:`_nn_functional_samples` may hold: beyond it the samples go in chunks, and where a chunk
+    #: would be a single sample the plain loop runs.
+    NN_BATCH_ELEMENTS = 2 ** 22
+
     @torch.no_grad()
     def _nn_functional_samples(self, x, n_samples, generator=None, **model_kwargs) -> torch.Tensor:
         thetas = self.sample(n_samples, generator)
+        fs = self._batched_forward(x.to(self._device), thetas, model_kwargs)
+        return fs if fs is not None else self._looped_forward(x, thetas, model_kwargs)
+
+    @torch.no_grad()
+    def _batched_forward(self, x, thetas, model_kwargs) -> Optional[torch.Tensor]:
+        """The forward passes of all sampled networks as batched calls: ``torch.func.vmap`` over
+        ``functional_call`` with the sampled parameters stacked (for a small network the loop's
+        per-sample Python and copies cost more than the arithmetic); None where the model cannot
+        be run that way (a module vmap does not support, randomness in the forward pass, a
+        parameter that is not the model's own) or a chunk would hold one sample."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        if any(id(p) not in names for p in self.params):
+            return None
+        chunk = min(thetas.shape[0], self.NN_BATCH_ELEMENTS // max(x.numel(), 1))
+        if chunk < 2:
+            return None
+        from torch.func import functional_call, vmap
+
+        def one(params):
+            return functional_call(self.model, params, (x,), model_kwargs)
+
+        outs = []
+        try:
+            for t in thetas.split(chunk):
+                stacked = {names[id(p)]: self._layout.part(p, t).reshape((t.shape[0],) + tuple(p.shape))
+                           for p in self.params}
+                outs.append(vmap(one, randomness="error")(stacked).detach())
+        except Exception:  # not vmappable: the loop gives the same draws
+            return None
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    @torch.no_grad()
+    def _looped_forward(self, x, thetas, model_kwargs) -> torch.Tensor:
         saved = [p.detach().clone() for p in self.params]
         fs = []
         try:
