@@ -24,6 +24,7 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from torch.distributions import Gamma
 
 from ..distributions import Radial, radial_noise
 from ..distributions.kl import kl_radial_normal_softplus
@@ -138,10 +139,10 @@ class RadialLinear(_LinearOps, _Radial):
         sumsq = g.square().sum(-1)  # (S, B)
         rest = self.weight_mu.numel() - n_out  # D - out = out * (in - 1)
         if rest:
-            # chi-square(rest) = 2 Gamma(rest / 2), as torch's Chi2 draws it, without the Chi2 object,
-            # whose constructor copies its Python rate to the device (a host sync on a GPU)
-            q = torch._standard_gamma(torch.full((s, bsz), 0.5 * rest, **fk)).mul_(2)
-            sumsq = sumsq + q.clamp_(min=torch.finfo(q.dtype).tiny)
+            # chi-square(rest) = Gamma(rest / 2, rate 1/2), as torch's Chi2 draws it, with both
+            # parameters made on the device: Chi2 copies its Python rate there (a host sync on a GPU)
+            half = torch.full((), 0.5, **fk)
+            sumsq = sumsq + Gamma(half * rest, half, validate_args=False).sample((s, bsz))
         coef = torch.randn((s, bsz), **fk).mul_(sumsq.rsqrt_())  # r / |eps|
         out = torch.addcmul(mean, scale, g.mul_(coef.unsqueeze(-1)).to(x.dtype))  # (S, B, out)
         if self.bias_mu is not None:
