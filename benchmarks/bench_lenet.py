@@ -1,7 +1,7 @@
 """The Bayesian training step at the papers' scale: LeNet-5-Caffe on MNIST-sized inputs, batch 100.
 
-    python -m benchmarks.run lenet [--threads 2] [--quick]
-    python -m benchmarks.bench_lenet [--quick] [--no-write]
+    python -m benchmarks.run lenet [--threads 2] [--quick] [--out DIR]
+    python -m benchmarks.bench_lenet [the same options]
 
 Writes docs/benchmarks/lenet.{md,json}.  One training step (forward, ELBO with the KL / 60000,
 backward, Adam) of LeNet-5-Caffe (conv 20 5x5, pool, conv 50 5x5, pool, fc 800 -> 500, fc 500 -> 10,
@@ -18,7 +18,6 @@ with 32 samples against one deterministic forward pass (no gradients).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -191,23 +190,14 @@ def render(result) -> str:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--quick", action="store_true")
-    add_args(ap)
-    ap.add_argument("--no-write", action="store_true")
-    args = ap.parse_args(argv)
+    """``python -m benchmarks.bench_lenet [options]`` is ``python -m benchmarks.run lenet [options]``."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if root not in sys.path:
         sys.path.insert(0, root)
-    from benchmarks import harness as H
+    from benchmarks import run as R
 
-    result = run(args)
-    if args.no_write:
-        print(render(result))
-    else:
-        print("wrote", H.write_report(NAME, result, render))
+    return R.main(["lenet"] + list(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

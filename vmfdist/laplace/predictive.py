@@ -256,7 +256,7 @@ class PredictiveMixin:
         return self(x, pred_type=pred_type, link_approx=link_approx, n_samples=n_samples)
 
     #: The sampled networks' inputs (samples x input elements) that one batched forward pass of
-    #: :meth:`_nn_functional_samples` may hold: beyond it the samples go in chunks, and where a chunk
+    #: ``_nn_functional_samples`` may hold: beyond it the samples go in chunks, and where a chunk
     #: would be a single sample the plain loop runs.
     NN_BATCH_ELEMENTS = 2 ** 22
 
