@@ -29,23 +29,23 @@ concept HasBlock = requires(const Fn& fn, const double* a, double* const* out, i
 
 // The special functions cost 0.1-10 us an element: small grains parallelise well;
 // the block routines (a few ns an element) need larger ones.
+constexpr int64_t kBlockGrain = 16384, kScalarGrain = 512;
 template <class Fn>
-constexpr int64_t kGrain = HasBlock<Fn> ? 16384 : 512;
+constexpr int64_t kGrain = HasBlock<Fn> ? kBlockGrain : kScalarGrain;
 
-// An op whose cost an element depends on its extra arguments says so with grain() (e.g. the power
-// spherical gradient: a closed form on S^2, a quadrature elsewhere); where a cheap case took the
-// small grain, a thousand elements went to two OpenMP threads for 20 us of work, and with the other
-// core busy the call took milliseconds waiting for it.
+// An op whose cost an element depends on its extra arguments says with cheap() when it is a few
+// tens of ns (e.g. the power spherical gradient: a closed form on S^2, a quadrature elsewhere), and
+// then takes the block routines' grain: with the small one, a thousand elements went to two OpenMP
+// threads for 20 us of work, and with the other core busy the call took milliseconds waiting for it.
 template <class Fn>
-concept HasGrain = requires(const Fn& fn) { { fn.grain() } -> std::convertible_to<int64_t>; };
+concept HasCheap = requires(const Fn& fn) { { fn.cheap() } -> std::convertible_to<bool>; };
 
 template <class Fn>
 int64_t grain_of(const Fn& fn) {
-  if constexpr (HasGrain<Fn>) {
-    return fn.grain();
-  } else {
-    return kGrain<Fn>;
+  if constexpr (HasCheap<Fn>) {
+    if (fn.cheap()) return kBlockGrain;
   }
+  return kGrain<Fn>;
 }
 
 // m elements from p with a byte stride (contiguous and broadcast runs get their own loops).

@@ -111,8 +111,8 @@ void launch_kl(at::Tensor& kl, const Operands& x) {
         partial.mutable_data_ptr<double>(), x.loc.const_data_ptr<scalar_t>(), x.rho.const_data_ptr<scalar_t>(),
         prior_ref<scalar_t, T>(x.prior_loc, x.prior_scale), D, nchunk);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    kl_total_kernel<scalar_t><<<1, kThreads, 0, stream>>>(kl.mutable_data_ptr<scalar_t>(), partial.const_data_ptr<double>(),
-                                                   nchunk);
+    kl_total_kernel<scalar_t><<<1, kThreads, 0, stream>>>(kl.mutable_data_ptr<scalar_t>(),
+                                                          partial.const_data_ptr<double>(), nchunk);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }

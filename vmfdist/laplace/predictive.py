@@ -263,7 +263,8 @@ class PredictiveMixin:
     @torch.no_grad()
     def _nn_functional_samples(self, x, n_samples, generator=None, **model_kwargs) -> torch.Tensor:
         thetas = self.sample(n_samples, generator)
-        fs = self._batched_forward(x.to(self._device), thetas, model_kwargs)
+        x = x.to(self._device)
+        fs = self._batched_forward(x, thetas, model_kwargs)
         return fs if fs is not None else self._looped_forward(x, thetas, model_kwargs)
 
     @torch.no_grad()
@@ -302,7 +303,7 @@ class PredictiveMixin:
             for theta in thetas:
                 for p in self.params:
                     p.copy_(self._layout.part(p, theta).reshape(p.shape))
-                fs.append(self.model(x.to(self._device), **model_kwargs).detach())
+                fs.append(self.model(x, **model_kwargs).detach())
         finally:
             for p, s in zip(self.params, saved):
                 p.copy_(s)

@@ -132,7 +132,8 @@ def _factor_kl(log_kappa, local, glob, prior_kappa, tau_local, tau_global, dim: 
     # (+mu for a, -mu for b) without a host-made sign tensor: copying one to a GPU would synchronise
     signed = torch.stack([packed[0], packed[1].neg()])
     be = torch.exp(torch.addcmul(signed, s, s, value=0.5)) * torch.stack([rate_a, torch.ones_like(rate_a)])
-    g_packed = torch.cat([torch.stack([be[0] - 0.5, 0.5 - be[1]]), (be * s - s.reciprocal()) * torch.sigmoid(packed[2:])])
+    g_packed = torch.cat([torch.stack([be[0] - 0.5, 0.5 - be[1]]),
+                          (be * s - s.reciprocal()) * torch.sigmoid(packed[2:])])
     return kl, (g_kappa, g_packed[:, :g], g_packed[:, g])
 
 

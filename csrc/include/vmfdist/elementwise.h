@@ -190,8 +190,8 @@ struct PowerSphericalMarginalGrad {
   VMF_HD double operator()(double omt, double kappa) const {
     return power_spherical::dt_dkappa(omt, kappa, static_cast<double>(dim));
   }
-  // the CPU's parallel grain: S^2's closed form costs tens of ns an element, the quadrature ~1 us
-  int64_t grain() const { return dim == 3 ? 16384 : 512; }
+  // for the CPU's parallel grain: S^2's closed form costs tens of ns an element, the quadrature ~1 us
+  bool cheap() const { return dim == 3; }
 };
 
 }  // namespace elementwise

@@ -203,26 +203,15 @@ VMF_CONSTANT double kTailLog = 30.0;
 struct LogitSide {
   double a, b, c, sign;  // alpha, beta, 1 - B(sigma); sign +1: towards +inf
 
-  VMF_HD double eval(double x, double* lc) const {
-    const double h = sign * x;
-    *lc = ::log1p(c * ::expm1(-h));
-    return -(a + b) * *lc - b * h;
-  }
-
-  VMF_HD double log_ratio(double x) const {
-    double lc;
-    return eval(x, &lc);
-  }
-
-  // The log ratio and its derivative in x: with em = expm1(-h),
+  // g(x) = log p(sigma + h) - log p(sigma), and with slope its derivative in x: with em = expm1(-h),
   //   d lc / dh = -c (em + 1) / (1 + c em),   dg/dx = sign ((alpha + beta) c (em + 1) / (1 + c em) - beta).
-  VMF_HD double log_ratio_slope(double x, double* slope) const {
+  // (dt_dkappa_d's node loop evaluates the same g with vec_math.h's functions.)
+  VMF_HD double log_ratio(double x, double* slope = nullptr) const {
     const double h = sign * x;
     const double em = ::expm1(-h);
     const double u = c * em;
-    const double lc = ::log1p(u);
-    *slope = sign * ((a + b) * (c * (em + 1.0)) / (1.0 + u) - b);
-    return -(a + b) * lc - b * h;
+    if (slope != nullptr) *slope = sign * ((a + b) * (c * (em + 1.0)) / (1.0 + u) - b);
+    return -(a + b) * ::log1p(u) - b * h;
   }
 };
 
@@ -231,14 +220,15 @@ struct LogitSide {
 // x0 of the logit (sqrt(1/alpha + 1/beta)), or where that does not land there, by doubling or
 // halving from x0 to bracket the crossing, then bisecting.
 VMF_INLINE double tail_cut(const LogitSide& s) {
+  const double x0 = ::sqrt(1.0 / s.a + 1.0 / s.b);
   // Newton's method on g(x) = -1.1 kTailLog from the logit's scale: g is concave, so after the
   // first step every iterate lies at or beyond the crossing and they approach it from there; two
   // or three evaluations usually land in the band (the search below took five to ten)
   {
-    double x = ::sqrt(1.0 / s.a + 1.0 / s.b);
+    double x = x0;
     for (int it = 0; it < 8; ++it) {
       double slope;
-      const double g = s.log_ratio_slope(x, &slope);
+      const double g = s.log_ratio(x, &slope);
       if (g < -kTailLog && g >= -2.0 * kTailLog) return x;
       if (!(slope < 0.0) || is_nan(g)) break;
       const double next = x + (-1.1 * kTailLog - g) / slope;
@@ -247,7 +237,7 @@ VMF_INLINE double tail_cut(const LogitSide& s) {
     }
   }
   // else: bracket by doubling or halving, then bisect
-  double hi = ::sqrt(1.0 / s.a + 1.0 / s.b);
+  double hi = x0;
   if (s.log_ratio(hi) < -kTailLog) {
     for (int it = 0; it < 1100 && s.log_ratio(0.5 * hi) < -kTailLog && hi > 1e-300; ++it) hi *= 0.5;
   } else {
@@ -313,7 +303,7 @@ VMF_INLINE double dt_dkappa_d(double omw, double kappa, double d, double dg) {
     const double half = 0.5 * (hi - lo), mid = 0.5 * (hi + lo);
     VMF_SIMD_LOOP
     for (int j = 0; j < kNodes; ++j) {
-      // LogitSide::eval at x = mid + off[j] half
+      // LogitSide::log_ratio at x = mid + off[j] half
       const double h = s.sign * (mid + off[j] * half);
       const double lc = vecmath::log1p(s.c * vecmath::expm1(-h));
       term[j] = wt[j] * (l0 - lc) * vecmath::exp(-ab * lc - s.b * h);

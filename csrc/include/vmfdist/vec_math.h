@@ -8,8 +8,8 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 
+#include "vmfdist/dd.h"
 #include "vmfdist/macros.h"
 
 // Marks a loop whose iterations are independent for the CPU build to vectorise (OpenMP simd: the
@@ -24,26 +24,18 @@ namespace vmfdist {
 namespace vecmath {
 
 #if !defined(__CUDA_ARCH__)
-VMF_FORCEINLINE int64_t dbits(double x) {
-  int64_t b;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
-}
-VMF_FORCEINLINE double bitsd(int64_t b) {
-  double x;
-  std::memcpy(&x, &b, sizeof x);
-  return x;
-}
+using dd::bits;
+using dd::from_bits;
 
 // c ? a : b through bit masks: GCC's vectoriser gives up on a loop whose ternaries it does not
 // if-convert ("control flow in loop"), which these sequences of ternaries were.
 VMF_FORCEINLINE double select(bool c, double a, double b) {
-  const int64_t m = -static_cast<int64_t>(c);
-  return bitsd((dbits(a) & m) | (dbits(b) & ~m));
+  const uint64_t m = -static_cast<uint64_t>(c);
+  return from_bits((bits(a) & m) | (bits(b) & ~m));
 }
 
 // 2^n for an integer n in [-1022, 1023].
-VMF_FORCEINLINE double pow2(int64_t n) { return bitsd((n + 1023) << 52); }
+VMF_FORCEINLINE double pow2(int64_t n) { return from_bits(static_cast<uint64_t>(n + 1023) << 52); }
 
 // e^r - 1 for |r| <= 0.35 from its Taylor polynomial to r^13 (remainder below 2e-17 relative).
 VMF_FORCEINLINE double expm1_reduced(double r) {
@@ -75,7 +67,7 @@ VMF_FORCEINLINE Reduced reduce(double x) {
   const double t = x * 1.4426950408889634 + kShift;
   const double nf = t - kShift;
   const double r = (x - nf * 6.93147180369123816490e-01) - nf * 1.90821492927058770002e-10;
-  return {r, dbits(t) - dbits(kShift)};
+  return {r, static_cast<int64_t>(bits(t) - bits(kShift))};
 }
 
 VMF_FORCEINLINE double exp(double x) {
@@ -94,14 +86,14 @@ VMF_FORCEINLINE double expm1(double x) {
 // log u for a positive normal u: u = m 2^e with m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(s),
 // s = (m - 1)/(m + 1), |s| <= 0.1716, by its odd series to s^23 (remainder below 1e-17).
 VMF_FORCEINLINE double log_normal(double u) {
-  const int64_t b = dbits(u);
-  int64_t mb = (b & 0x000fffffffffffffLL) | 0x3ff0000000000000LL;  // m in [1, 2)
-  const int64_t big = static_cast<int64_t>(mb > 0x3ff6a09e667f3bccLL);  // m > sqrt(2)
-  mb -= big << 52;                                                   // m / 2, exactly
+  const uint64_t b = bits(u);
+  uint64_t mb = (b & 0x000fffffffffffffULL) | 0x3ff0000000000000ULL;  // m in [1, 2)
+  const uint64_t big = static_cast<uint64_t>(mb > 0x3ff6a09e667f3bccULL);  // m > sqrt(2)
+  mb -= big << 52;                                                       // m / 2, exactly
   // the exponent as a double without an int64 -> double conversion (AVX2 has none): the biased
   // exponent (plus big) in the low mantissa bits of 2^52, less 2^52
-  const double e = (bitsd(0x4330000000000000LL | ((b >> 52) + big)) - 4503599627370496.0) - 1023.0;
-  const double m = bitsd(mb);
+  const double e = (from_bits(0x4330000000000000ULL | ((b >> 52) + big)) - 4503599627370496.0) - 1023.0;
+  const double m = from_bits(mb);
   const double s = (m - 1.0) / (m + 1.0);
   const double s2 = s * s;
   double p = 1.0 / 23.0;
