@@ -72,6 +72,13 @@ TORCH_LIBRARY(vmfdist, m) {
   // dt/dkappa of the power spherical marginal on S^{dim-1} at t = 1 - one_minus_t (implicit
   // reparameterisation through the Beta CDF; elementwise, broadcasting).
   m.def("power_spherical_marginal_grad(Tensor one_minus_t, Tensor concentration, int dim) -> Tensor");
+  // The backward of power_spherical_sample, as vmf_sample_backward with the power spherical
+  // marginal's dt/dkappa (power_spherical_marginal_grad's, fused into the pass over sample rows).  CPU
+  // only so far: on CUDA vmfdist/_ops/power_spherical.py composes vmf_sample_backward and
+  // power_spherical_marginal_grad.  No derivative of its own.
+  m.def("power_spherical_sample_backward(Tensor grad_x, Tensor? grad_one_minus_t, Tensor loc, "
+        "Tensor concentration, Tensor x, Tensor one_minus_t, bool loc_grad=True, bool concentration_grad=True) -> "
+        "(Tensor, Tensor)");
 
   // ---- Radial noise (csrc/include/vmfdist/radial.h) ----
   // out[s] = loc + scale * eps_s * r_s / |eps_s| (|.| over the event, or per row of the

@@ -581,12 +581,79 @@ def test_double_backward_in_kappa_raises_and_loc_works():
     torch.testing.assert_close(g1, g.detach(), rtol=1e-12, atol=1e-14)
 
 
+def _backward_parts(gx, go, loc, kap, x, omt):
+    """The sampler's backward assembled from separately tested pieces, each summand kept: dL/dt per sample
+    row written here with torch ops (x = t mu + sqrt(1 - t^2) u, u fixed), times dt/dkappa from the
+    elementwise op (tested against mpmath above), and d/dloc from vmf_sample_backward (the same reflection;
+    tested in test_vmf.py against autograd through householder)."""
+    mu = loc / loc.norm(dim=-1, keepdim=True)
+    t = 1 - omt
+    gm, gxx = (gx * mu).sum(-1), (gx * x).sum(-1)
+    dl = gm - t * (gxx - t * gm) / (omt * (2 - omt)) - (0 if go is None else go)
+    terms = dl * lib.power_spherical_marginal_grad(omt, kap, loc.shape[-1])
+    gl, _ = lib.vmf_sample_backward(gx, None, loc, kap, x, omt, True, False)
+    return gl, terms
+
+
+@pytest.mark.parametrize("d", [2, 3, 5, 10, 64])
+def test_fused_backward_equals_its_parts(d):
+    """power_spherical_sample_backward (the CPU's one pass over sample rows) against the same gradient
+    assembled from its parts in float64: d/dkappa to rounding of the sum of |summands|, d/dloc to rounding;
+    float32 inputs give the float64 result of the same inputs rounded once (the op works in double)."""
+    loc = torch.stack([unit(d, 1), unit(d, 2, first=-0.9), unit(d, 3), unit(d, 4), 3.0 * unit(d, 5)])
+    kap = torch.tensor([0.0, 1e-3, 0.7, 10.0, 1e4], dtype=F64)
+    x, omt = lib.power_spherical_sample(loc, kap, 40, seed=5, offset=0)
+    g = torch.Generator().manual_seed(d)
+    gx, go = torch.randn(x.shape, generator=g, dtype=F64), torch.randn(omt.shape, generator=g, dtype=F64)
+    for grad_omt in (go, None):
+        gl_ref, terms = _backward_parts(gx, grad_omt, loc, kap, x, omt)
+        gl, gk = lib.power_spherical_sample_backward(gx, grad_omt, loc, kap, x, omt)
+        assert (gk - terms.sum(0)).abs().le(1e-14 * terms.abs().sum(0)).all(), (gk, terms.sum(0))
+        torch.testing.assert_close(gl, gl_ref, rtol=1e-13, atol=1e-14)
+    # float32: the float64 result of the same (rounded) inputs, rounded once (the op works in double;
+    # compared with the op in float64, as the rounded x and 1 - t are no longer exactly consistent)
+    args32 = [a.float() for a in (gx, go, loc, kap, x, omt)]
+    gl64, gk64 = lib.power_spherical_sample_backward(*[a.double() for a in args32])
+    gl, gk = lib.power_spherical_sample_backward(*args32)
+    assert gk.dtype == torch.float32 and gl.dtype == torch.float32
+    assert torch.equal(gk, gk64.float()) and torch.equal(gl, gl64.float())
+    # what is not asked for is an empty (0,) tensor, and the other output is unchanged
+    only_k = lib.power_spherical_sample_backward(gx, go, loc, kap, x, omt, False, True)
+    only_l = lib.power_spherical_sample_backward(gx, go, loc, kap, x, omt, True, False)
+    both = lib.power_spherical_sample_backward(gx, go, loc, kap, x, omt)
+    assert only_k[0].shape == (0,) and only_l[1].shape == (0,)
+    assert torch.equal(only_k[1], both[1]) and torch.equal(only_l[0], both[0])
+
+
+def test_rsample_backward_uses_the_fused_op_and_equals_the_composition():
+    """autograd through the sampler on the CPU (the fused op) equals the composition that CUDA runs."""
+    from vmfdist._ops.power_spherical import dl_dt
+    loc = torch.stack([unit(7, 1), unit(7, 2)]).requires_grad_(True)
+    kap = torch.tensor([2.0, 40.0], dtype=F64, requires_grad=True)
+    c = unit(7, 9)
+    x, omt = lib.power_spherical_sample(loc, kap, 30, seed=3, offset=0)
+    gl, gk = torch.autograd.grad(((x @ c) ** 2).sum() + omt.sum(), (loc, kap))
+    xd, od, ld, kd = x.detach(), omt.detach(), loc.detach(), kap.detach()
+    gx, go = (2 * (xd @ c)).unsqueeze(-1) * c, torch.ones_like(od)
+    ref_k = (dl_dt(gx, go, ld, xd, od) * lib.power_spherical_marginal_grad(od, kd, 7)).sum(0)
+    ref_l, _ = lib.vmf_sample_backward(gx, None, ld, kd, xd, od, True, False)
+    torch.testing.assert_close(gk, ref_k, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(gl, ref_l, rtol=1e-12, atol=1e-14)
+
+
 def test_opcheck():
     loc = torch.stack([unit(5, 1), unit(5, 2, first=-1.0)])
     kap = torch.tensor([1.0, 30.0], dtype=F64)
     torch.library.opcheck(lib.power_spherical_sample, (loc, kap, 3), {"seed": 123, "offset": 0},
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
     torch.library.opcheck(lib.power_spherical_marginal_grad, (torch.tensor([0.1, 1.5], dtype=F64), kap, 5))
+    x, omt = lib.power_spherical_sample(loc, kap, 3, seed=1, offset=0)
+    for flags in ((True, True), (False, True), (True, False)):
+        torch.library.opcheck(lib.power_spherical_sample_backward, (torch.ones_like(x), omt, loc, kap, x, omt, *flags))
+    with pytest.raises(RuntimeError, match="power_spherical_sample_backward: grad_x must have the shape of x"):
+        lib.power_spherical_sample_backward(x[:2], None, loc, kap, x, omt)
+    with pytest.raises(RuntimeError, match="power_spherical_sample_backward: .*dtype"):
+        lib.power_spherical_sample_backward(x, None, loc, kap, x, omt.float())
 
 
 # ---------------------------------------------------------------------------------- API, shapes, errors

@@ -1,6 +1,7 @@
-// CPU kernel of the power spherical sampler: the vMF sampler's loop (sphere_sample_cpu.h: the
-// tangent normals, the reflection of vmfdist/vmf.h) with the marginal of
-// vmfdist/power_spherical.h.  A row depends only on (seed, offset, row index), so any thread
+// CPU kernels of the power spherical sampler and its backward: the vMF sampler's loops
+// (sphere_sample_cpu.h: the tangent normals, the reflection of vmfdist/vmf.h;
+// sphere_backward_cpu.h: the gradient through the reflection) with the marginal of
+// vmfdist/power_spherical.h and its dt/dkappa.  A row depends only on (seed, offset, row index), so any thread
 // count gives the same tensor.
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -10,6 +11,7 @@
 #include "vmfdist/vmf.h"
 #include "host/power_spherical_host.h"
 #include "host/random_state.h"
+#include "cpu/sphere_backward_cpu.h"
 #include "cpu/sphere_sample_cpu.h"
 
 namespace vmfdist {
@@ -25,8 +27,24 @@ struct PowerSphericalMarginal {
   }
 };
 
-// The kernel of power_spherical::Ops (host/power_spherical_host.h, shared with CUDA).
-struct CpuPowerSpherical : CpuSeeds {
+// The marginal's dt/dkappa (power_spherical.h), D = psi(alpha + beta) - psi(alpha) recomputed only
+// when kappa changes.
+struct PowerSphericalMarginalGrad {
+  double d;
+  double kappa_cached = NAN, dg = NAN;
+  explicit PowerSphericalMarginalGrad(double dim) : d(dim) {}
+  double operator()(double omt, double kappa) {
+    if (!(kappa == kappa_cached)) {  // NaN never equals: recomputed, harmless
+      const double beta = 0.5 * (d - 1.0);
+      dg = kappa >= 0.0 && !is_inf(kappa) ? power_spherical::digamma_diff(beta + kappa, beta) : NAN;  // else unused
+      kappa_cached = kappa;
+    }
+    return power_spherical::dt_dkappa_d(omt, kappa, d, dg);
+  }
+};
+
+// The kernels of power_spherical::Ops (host/power_spherical_host.h, shared with CUDA).
+struct CpuPowerSpherical : CpuSeeds, sphere_cpu::Backward<PowerSphericalMarginalGrad> {
   static void sample(at::Tensor& x, at::Tensor& omw, const at::Tensor& loc, const at::Tensor& kappa,
                      const SeedOffset& so) {
     sphere_cpu::launch_sample<PowerSphericalMarginal>(x, omw, loc, kappa, so);
@@ -37,6 +55,7 @@ struct CpuPowerSpherical : CpuSeeds {
 
 TORCH_LIBRARY_IMPL(vmfdist, CPU, m) {
   m.impl("power_spherical_sample", &power_spherical::Ops<CpuPowerSpherical>::sample);
+  m.impl("power_spherical_sample_backward", &power_spherical::Ops<CpuPowerSpherical>::sample_backward);
 }
 
 }  // namespace vmfdist

@@ -1,9 +1,10 @@
 // Host side of the power spherical sampler, shared by the CPU and CUDA backends (torch
 // headers; not for device code): the argument checks and the operator
-// (power_spherical::Ops), each backend supplying only its kernel.  The backward of the
-// sampler is no op of its own: vmfdist/_ops/power_spherical.py combines vmf_sample_backward
-// (the gradient through the reflection, the same map as the vMF sampler's) with
-// power_spherical_marginal_grad (the marginal's dt/dkappa).
+// (power_spherical::Ops), each backend supplying only its kernels.  The sampler's backward,
+// power_spherical_sample_backward, is vmf_sample_backward's operator (the gradient through the
+// reflection is the same map) with the backend's passes for this marginal's dt/dkappa; only the CPU
+// has it so far (cpu/sphere_backward_cpu.h).  On CUDA, vmfdist/_ops/power_spherical.py combines
+// vmf_sample_backward with power_spherical_marginal_grad instead.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -16,12 +17,22 @@
 namespace vmfdist {
 namespace power_spherical {
 
-// The operator of one backend.  Backend: the seed interface (CpuSeeds, CudaSeeds) and
+// The operators of one backend.  Backend: the seed interface (CpuSeeds, CudaSeeds) and
 //   sample(x, omw, loc, kappa, seed)   fill x (n, B, d) and omw = 1 - t (n, B); loc, kappa
 //                                      contiguous, n * B > 0; row r from the streams
 //                                      (seed, offset, r) and (seed, offset + 1, r)
+// and for sample_backward the three passes of vmf::Ops (host/vmf_host.h) with dt/dkappa.
 template <class Backend>
 struct Ops {
+  static std::tuple<at::Tensor, at::Tensor> sample_backward(const at::Tensor& grad_x,
+                                                            const std::optional<at::Tensor>& grad_omt,
+                                                            const at::Tensor& loc, const at::Tensor& kappa,
+                                                            const at::Tensor& x, const at::Tensor& omt, bool loc_grad,
+                                                            bool concentration_grad) {
+    return vmf::Ops<Backend>::sample_backward_as("power_spherical_sample_backward", grad_x, grad_omt, loc, kappa, x,
+                                                 omt, loc_grad, concentration_grad);
+  }
+
   static std::tuple<at::Tensor, at::Tensor> sample(const at::Tensor& loc_in, const at::Tensor& kappa_in,
                                                    c10::SymInt num_samples_in, std::optional<at::Generator> generator,
                                                    std::optional<int64_t> seed, std::optional<int64_t> offset) {

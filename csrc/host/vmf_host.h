@@ -38,11 +38,11 @@ inline void check_vmf_sample_args(const at::Tensor& loc, const at::Tensor& kappa
 }
 
 // vmf_sample_backward(grad_x (n, B, d), grad_one_minus_w (n, B) or None, loc (B, d),
-// concentration (B,), x (n, B, d), one_minus_w (n, B), loc_grad, concentration_grad).
+// concentration (B,), x (n, B, d), one_minus_w (n, B), loc_grad, concentration_grad); also the
+// power spherical sampler's backward, which takes the same arguments (op names the operator).
 inline void check_vmf_backward_args(const at::Tensor& grad_x, const std::optional<at::Tensor>& grad_omw,
                                     const at::Tensor& loc, const at::Tensor& kappa, const at::Tensor& x,
-                                    const at::Tensor& omw) {
-  constexpr const char* op = "vmf_sample_backward";
+                                    const at::Tensor& omw, const char* op = "vmf_sample_backward") {
   TORCH_CHECK(loc.dim() == 2 && loc.size(1) >= 2, op, ": loc must have shape (batch, d) with d >= 2, got ",
               loc.sizes());
   TORCH_CHECK(at::isFloatingType(loc.scalar_type()), op, ": loc must be a floating tensor, got ", loc.scalar_type());
@@ -90,7 +90,17 @@ struct Ops {
                                                             const at::Tensor& loc_in, const at::Tensor& kappa_in,
                                                             const at::Tensor& x_in, const at::Tensor& omw_in,
                                                             bool loc_grad, bool concentration_grad) {
-    check_vmf_backward_args(grad_x_in, grad_omw_in, loc_in, kappa_in, x_in, omw_in);
+    return sample_backward_as("vmf_sample_backward", grad_x_in, grad_omw_in, loc_in, kappa_in, x_in, omw_in,
+                              loc_grad, concentration_grad);
+  }
+
+  // The same, for the operator op (the power spherical sampler's backward: another marginal).
+  static std::tuple<at::Tensor, at::Tensor> sample_backward_as(const char* op, const at::Tensor& grad_x_in,
+                                                               const std::optional<at::Tensor>& grad_omw_in,
+                                                               const at::Tensor& loc_in, const at::Tensor& kappa_in,
+                                                               const at::Tensor& x_in, const at::Tensor& omw_in,
+                                                               bool loc_grad, bool concentration_grad) {
+    check_vmf_backward_args(grad_x_in, grad_omw_in, loc_in, kappa_in, x_in, omw_in, op);
     const typename Backend::Guard guard(loc_in.device());
     const int64_t n = x_in.size(0), B = loc_in.size(0), d = loc_in.size(1);
     const auto opts = loc_in.options();

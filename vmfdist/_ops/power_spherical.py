@@ -1,7 +1,9 @@
 """Fake kernels and the autograd of the power spherical ops (``csrc/include/vmfdist/power_spherical.h``).
 
-The sampler ``power_spherical_sample`` returns ``x = Q(mu) (t, sqrt(1 - t^2) v)`` and ``1 - t``; its
-backward is assembled from two compiled pieces, with no kernel of its own:
+The sampler ``power_spherical_sample`` returns ``x = Q(mu) (t, sqrt(1 - t^2) v)`` and ``1 - t``.  On the CPU
+its backward is one fused op, ``power_spherical_sample_backward`` (one pass over the sample rows, as
+``vmf_sample_backward``, with the marginal's dt/dkappa computed in it).  On CUDA, which has no kernel of it yet,
+the backward is assembled from two compiled pieces computing the same map:
 
 * with respect to ``loc``: the reflection is the vMF sampler's, so ``vmf_sample_backward`` with
   ``concentration_grad=False`` gives exactly d/dloc with the unrotated sample held fixed (it never
@@ -42,6 +44,16 @@ def _(one_minus_t, concentration, dim):
                           ("one_minus_t", "concentration"))
 
 
+@torch.library.register_fake("vmfdist::power_spherical_sample_backward")
+def _(grad_x, grad_one_minus_t, loc, concentration, x, one_minus_t, loc_grad=True, concentration_grad=True):
+    _check_same_device("power_spherical_sample_backward", loc=loc, concentration=concentration, x=x, grad_x=grad_x,
+                       one_minus_t=one_minus_t)
+    torch._check(loc.dim() == 2 and x.dim() == 3,
+                 lambda: "power_spherical_sample_backward: loc must be (batch, d), x (n, batch, d)")
+    b, d = loc.shape
+    return (loc.new_empty((b, d) if loc_grad else (0,)), loc.new_empty((b,) if concentration_grad else (0,)))
+
+
 def _sample_setup(ctx, inputs, keyword_only_inputs, output):
     loc, concentration = inputs[0], inputs[1]
     x, omt = output
@@ -76,6 +88,10 @@ def _sample_backward(ctx, grad_x, grad_omt):
     if grad_x is None:
         grad_x = torch.zeros_like(x)
     grad_loc = grad_kappa = None
+    if loc.device.type == "cpu" and not create:
+        gl, gk = lib.power_spherical_sample_backward(grad_x, grad_omt, loc, kappa, x, omt, ctx.needs_input_grad[0],
+                                                     ctx.needs_input_grad[1])
+        return (gl if ctx.needs_input_grad[0] else None), (gk if ctx.needs_input_grad[1] else None), None
     with torch.no_grad():
         mu_hat = loc / torch.linalg.vector_norm(loc, dim=-1, keepdim=True)
     if ctx.needs_input_grad[1]:
