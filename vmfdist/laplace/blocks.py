@@ -232,6 +232,7 @@ class Capture:
                 self.modules.append(m)
         self.inputs: Dict[int, List[torch.Tensor]] = {}
         self.outputs: Dict[int, List[torch.Tensor]] = {}
+        self.handed_on: List[torch.Tensor] = []  # the copies passed on, in call order
         self._handles = []
 
     def _hook(self, module, inputs, output):
@@ -240,11 +241,14 @@ class Capture:
                              f"one is supported")
         self.inputs.setdefault(id(module), []).append(inputs[0])
         self.outputs.setdefault(id(module), []).append(output)
-        return output.clone()
+        copy = output.clone()
+        self.handed_on.append(copy)
+        return copy
 
     def __enter__(self):
         self.inputs.clear()
         self.outputs.clear()
+        self.handed_on.clear()
         self._handles = [m.register_forward_hook(self._hook) for m in self.modules]
         return self
 

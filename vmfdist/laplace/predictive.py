@@ -67,7 +67,12 @@ def _backprop(out: torch.Tensor, cap: Capture, cols: torch.Tensor, create_graph:
     hs = [h for m in mods for h in cap.outputs.get(id(m), [])]
     if len(hs) == 0:
         raise RuntimeError("no covered layer was called during the forward pass")
-    if cols.shape[0] == 1:
+    if len(hs) == 1 and len(cap.handed_on) == 1 and cap.handed_on[0] is out:
+        # the one covered layer's output (its copy) is the model's: a last-layer Laplace on a network
+        # ending in that layer.  The gradient of <out, cols[c]> with respect to it is cols[c]: no
+        # backward pass
+        gs = [cols]
+    elif cols.shape[0] == 1:
         gs = torch.autograd.grad(out, hs, cols[0], allow_unused=True, create_graph=create_graph)
         gs = [None if g is None else g[None] for g in gs]
     elif any(isinstance(m, _CONVS) for m in mods) and not create_graph:
