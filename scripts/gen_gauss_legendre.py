@@ -7,7 +7,7 @@ and printed with 17 significant digits (correctly rounded doubles).
 import mpmath
 
 mpmath.mp.dps = 50
-ORDERS = [16]
+ORDERS = [12, 16]
 
 
 def rule(n):

@@ -5,7 +5,7 @@
 // reparameterisation gradient of the marginal, differs.  The template parameter G gives it: one G
 // is made per parallel_for task,
 //
-//   struct G { explicit G(double d);
+//   struct G { G(double d, bool single);   // single: the result is rounded to float32 or narrower
 //              double operator()(double omw, double kappa); };   // dw/dkappa at w = 1 - omw
 //
 // so a G may keep state between the rows of a task (both cache what depends on kappa alone).
@@ -121,11 +121,12 @@ struct Backward {
       const scalar_t* pgo = grad_omw.defined() ? grad_omw.const_data_ptr<scalar_t>() : nullptr;
       const double* pf = frame.const_data_ptr<double>();
       double* pr = rows.mutable_data_ptr<double>();
+      constexpr bool single = sizeof(scalar_t) <= sizeof(float);
       // the quadrature of dw/dkappa dominates a row: small grains
       const int64_t grain = concentration_grad ? 8 : std::max<int64_t>(1, 16384 / d);
       at::parallel_for(0, nrows, grain, [&](int64_t begin, int64_t end) {
         isa::dispatch([&] {
-          G dw_dkappa(dd);
+          G dw_dkappa(dd, single);
           for (int64_t r = begin; r < end; ++r) {
             const int64_t b = r % B;
             const vmf::LocFrame t = frame_at(pf, b);

@@ -47,7 +47,7 @@ struct VmfMarginal {
 struct VmfMarginalGrad {
   double d;
   double kappa_cached = NAN, c = NAN;
-  explicit VmfMarginalGrad(double dim) : d(dim) {}
+  VmfMarginalGrad(double dim, bool /*single*/) : d(dim) {}
   double operator()(double omw, double kappa) {
     if (!(kappa == kappa_cached)) {  // NaN never equals: recomputed, harmless
       c = kappa >= 0.0 && !is_inf(kappa) ? bessel::iv_ratio(0.5 * d, kappa, true) : NAN;  // else unused

@@ -8,6 +8,22 @@
 namespace vmfdist {
 namespace gauss_legendre {
 
+constexpr int kGL12Half = 6;
+VMF_CONSTANT double kGL12Node[6] = {
+    9.8156063424671925e-1,
+    9.0411725637047486e-1,
+    7.6990267419430469e-1,
+    5.8731795428661745e-1,
+    3.6783149899818019e-1,
+    1.2523340851146892e-1};
+VMF_CONSTANT double kGL12Weight[6] = {
+    4.7175336386511827e-2,
+    1.0693932599531843e-1,
+    1.6007832854334623e-1,
+    2.0316742672306592e-1,
+    2.3349253653835481e-1,
+    2.4914704581340279e-1};
+
 constexpr int kGL16Half = 8;
 VMF_CONSTANT double kGL16Node[8] = {
     9.8940093499164993e-1,

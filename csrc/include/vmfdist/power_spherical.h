@@ -269,9 +269,27 @@ VMF_INLINE double dt_dkappa_sphere3(double omw, double kappa) {
   return -2.0 * (1.0 - c) * ::log1p(-c) / (1.0 + kappa);
 }
 
+// The Gauss-Legendre rule of a panel, by its number of nodes: 16, or 12 (see dt_dkappa_d).
+template <int N>
+struct PanelRule;
+template <>
+struct PanelRule<16> {
+  static constexpr int half = gauss_legendre::kGL16Half;
+  VMF_HD static double node(int i) { return gauss_legendre::kGL16Node[i]; }
+  VMF_HD static double weight(int i) { return gauss_legendre::kGL16Weight[i]; }
+};
+template <>
+struct PanelRule<12> {
+  static constexpr int half = gauss_legendre::kGL12Half;
+  VMF_HD static double node(int i) { return gauss_legendre::kGL12Node[i]; }
+  VMF_HD static double weight(int i) { return gauss_legendre::kGL12Weight[i]; }
+};
+
 // dt/dkappa at 1 - t = omw for PS(., kappa) on S^{d-1}, with D = psi(alpha + beta) - psi(alpha)
-// given (a caller with many rows of one kappa can compute it once; dt_dkappa computes it).
-// 0 at the poles (omw = 0 or 2) and for kappa = +inf; NaN outside the domain.
+// given (a caller with many rows of one kappa can compute it once; dt_dkappa computes it), with
+// Nodes Gauss-Legendre nodes a panel (PanelRule).  0 at the poles (omw = 0 or 2) and for
+// kappa = +inf; NaN outside the domain.
+template <int Nodes = 16>
 VMF_INLINE double dt_dkappa_d(double omw, double kappa, double d, double dg) {
   if (is_nan(omw) || is_nan(kappa) || is_nan(d) || kappa < 0.0 || d < 2.0 || omw < 0.0 || omw > 2.0) return NAN;
   if (omw == 0.0 || omw == 2.0 || is_inf(kappa)) return 0.0;
@@ -285,15 +303,16 @@ VMF_INLINE double dt_dkappa_d(double omw, double kappa, double d, double dg) {
   const double l0 = ::log1p(-s.c) + dg;  // log B(sigma) + D
   const double cut = tail_cut(s);
   const int panels = (s.sign > 0.0 ? s.b : s.a) < 1.0 ? 3 : 2;
-  // The 16 nodes of a panel in the order -x_0, +x_0, -x_1, ...: their terms are independent, computed
+  // The nodes of a panel in the order -x_0, +x_0, -x_1, ...: their terms are independent, computed
   // with vecmath's branch-free functions in one loop the CPU build vectorises (three libm calls a
   // node, one node at a time, were most of a row's cost), then added in that order.
-  constexpr int kNodes = 2 * gauss_legendre::kGL16Half;
+  using Rule = PanelRule<Nodes>;
+  constexpr int kNodes = 2 * Rule::half;
   double off[kNodes], wt[kNodes], term[kNodes];
-  for (int i = 0; i < gauss_legendre::kGL16Half; ++i) {
-    off[2 * i] = -gauss_legendre::kGL16Node[i];
-    off[2 * i + 1] = gauss_legendre::kGL16Node[i];
-    wt[2 * i] = wt[2 * i + 1] = gauss_legendre::kGL16Weight[i];
+  for (int i = 0; i < Rule::half; ++i) {
+    off[2 * i] = -Rule::node(i);
+    off[2 * i + 1] = Rule::node(i);
+    wt[2 * i] = wt[2 * i + 1] = Rule::weight(i);
   }
   const double ab = s.a + s.b;
   double sum = 0.0, lo = 0.0;
