@@ -148,13 +148,13 @@ def render(res):
           "with respect to loc and κ (TFP: `jax.jit(jax.grad(...))`). Ratios are the peer's time ÷ ours (> 1: we are "
           "faster).",
           "- Our backward is exact implicit reparameterisation of the Beta marginal (a Gauss–Legendre quadrature per "
-          "sample, `power_spherical_marginal_grad`) plus the fused reflection backward; the package differentiates "
-          "through torch's `Beta.rsample` (`_dirichlet_grad`, an approximation), TFP through its Gamma samplers' "
-          "implicit gradients.  The quadrature (about 0.5 µs a sample on one core since its 32 nodes are evaluated "
-          "in a vectorised loop; 1–2 µs before) is most of our backward for small d (but 3), where the sample itself "
-          "is cheap: at d = 10 we are at parity with the package for n = 1e5 and behind TFP for n = 1e3 in float32, "
-          "where its single compiled kernel has no per-call overhead; from d = 100 the fused sampler and reflection "
-          "dominate.  On S² (d = 3) the gradient is a closed form, one `log1p` a sample."]
+          "sample) and the gradient through the reflection, in one fused pass over the sample rows on the CPU "
+          "(`power_spherical_sample_backward`); the package differentiates through torch's `Beta.rsample` "
+          "(`_dirichlet_grad`, an approximation: up to 1.4e-3 relative error in dt/dκ), TFP through its Gamma "
+          "samplers' implicit gradients.  The quadrature (about 0.6 µs a sample on one core: 32 nodes in a "
+          "vectorised loop, 24 for float32 from d = 8 on, plus the tail cut) is most of our backward for small d "
+          "(but 3), where the sample itself is cheap; from d = 100 the fused sampler and reflection dominate.  On S² "
+          "(d = 3) the gradient is a closed form, one `log1p` a sample."]
     if m.get("pythonpath"):
         L.append(f"- JAX and TFP were imported from `PYTHONPATH={m['pythonpath']}` (an environment of their own; "
                  "torch and the package from the project's).")
