@@ -512,6 +512,18 @@ def test_missing_or_malformed_data():
         la.optimize_prior_precision(method="gridsearch")
 
 
+def test_diverging_marglik_says_so():
+    """An Adam step far too large for the log prior precision ends in NaN: a clear error naming lr, and the
+    prior precision left as it was."""
+    X, y = _data("classification")
+    la = KFACLaplace(_mlp(), "classification")
+    la.fit(_loader(X, y))
+    la.prior_precision = 2.0
+    with pytest.raises(ValueError, match="optimisation diverged .* lr=100000000.0\\); try a smaller lr"):
+        la.optimize_prior_precision(method="marglik", n_steps=30, lr=1e8)
+    assert la.prior_precision.tolist() == [2.0]
+
+
 def test_bad_hyperparameters_named():
     model = _mlp()
     with pytest.raises(ValueError, match="likelihood must be one of"):

@@ -440,6 +440,7 @@ class _BaseLaplace(PredictiveMixin, FromFactorsMixin, SavingMixin):
                                  f"{prior_structure!r}" + ("" if "diag" in structures else " ('diag', one per "
                                                           "parameter, needs a diagonal or full posterior)"))
             init = init_prior_prec if isinstance(init_prior_prec, torch.Tensor) else torch.tensor(init_prior_prec)
+            before = self.prior_precision
             self.prior_precision = init
             if self.prior_precision.numel() == 1 and prior_structure == "layerwise":
                 self.prior_precision = self.prior_precision.expand(self.n_layers).clone()
@@ -453,7 +454,13 @@ class _BaseLaplace(PredictiveMixin, FromFactorsMixin, SavingMixin):
                 neg = objective(log_pp.exp())
                 neg.backward()
                 opt.step()
-            self.prior_precision = log_pp.detach().exp()
+            found = log_pp.detach().exp()
+            if not bool(torch.isfinite(found).all() and (found > 0).all()):
+                self.prior_precision = before
+                raise ValueError(f"optimize_prior_precision: the marginal-likelihood optimisation diverged (prior "
+                                 f"precision {found.tolist()[:4]} after {n_steps} Adam steps of lr={lr}); try a "
+                                 f"smaller lr")
+            self.prior_precision = found
         elif method == "gridsearch":
             if val_loader is None:
                 raise ValueError("method='gridsearch' needs val_loader (an iterable of (inputs, targets) batches)")
@@ -466,13 +473,9 @@ class _BaseLaplace(PredictiveMixin, FromFactorsMixin, SavingMixin):
 
     def _prior_objective(self):
         """``pp -> (log det P - log det P0 + scatter) / 2``, the part of the negative log evidence
-        that depends on the prior precision (``pp`` is set as the prior precision first)."""
-        objective = self._precision.prior_objective(self._H_factor.detach(), self.mean - self.prior_mean)
-
-        def set_and_evaluate(pp):
-            self.prior_precision = pp
-            return objective(self.prior_precision)
-        return set_and_evaluate
+        that depends on the prior precision, for ``pp`` of the stored prior precision's shape (not
+        checked: the optimisation loop sets and so checks only its result)."""
+        return self._precision.prior_objective(self._H_factor.detach(), self.mean - self.prior_mean)
 
     def _gridsearch(self, grid, val_loader, pred_type, link_approx, n_samples, loss):
         data = [unpack_batch(b, "val_loader") for b in val_loader]

@@ -143,11 +143,14 @@ class KroneckerPrecision:
         n = torch.tensor(n, dtype=lam.dtype, device=lam.device)
         n_blocks = len(self.blocks)
         d_sq = d.detach().square()
+        n_all, sq_all = float(n.sum()), sq.sum()
 
         def fast(pp):
             if self.per_parameter(pp):  # lam is in block-matrix order: so are the prior precisions
                 delta = torch.cat([self.layout.block_matrix(b, pp).reshape(-1) for b in self.blocks])
                 return 0.5 * (torch.log(lam + delta).sum() - pp.log().sum() + (pp * d_sq).sum())
+            if pp.numel() == 1:  # one prior precision (the default): no gather, whose backward is a scatter
+                return 0.5 * (torch.log(lam + pp).sum() - n_all * pp.log().sum() + (pp * sq_all).sum())
             delta = pp.expand(n_blocks)
             return 0.5 * (torch.log(lam + delta[idx]).sum() - (n * delta.log()).sum() + (delta * sq).sum())
         return fast

@@ -192,6 +192,8 @@ VMF_INLINE double digamma_diff(double a, double b) {
 // Cost a row: two or three expm1/log1p pairs for the cut (libm; the bracketing search it falls
 // back to takes five to ten), then 32 (or 48) expm1/log1p/exp triples, 16 nodes at a time in a
 // loop the CPU build vectorises (vec_math.h): about twice as fast as one libm call after another.
+// (The CPU's fused backward takes 12-node panels for float32 results from d = 8 on, where their error,
+// at most 1.03e-8, is below float32's rounding: power_spherical_cpu.cpp.)
 VMF_CONSTANT double kTailLog = 30.0;
 
 // The side of sigma away from the mode, in x = |s - sigma| >= 0.  With h = sign x and
