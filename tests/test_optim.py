@@ -132,6 +132,90 @@ def test_one_step_is_the_damped_natural_gradient(cls, likelihood, fisher_type):
         torch.testing.assert_close(got, expected[n], rtol=1e-10, atol=1e-13)
 
 
+def _dense_preconditioner(opt, st) -> torch.Tensor:
+    """The damped K-FAC / EK-FAC matrix P a step of ``opt`` preconditions with, dense, from a layer's state:
+    the bases' Kronecker product with the diagonal EK-FAC moments + gamma, or the factored-damped K-FAC
+    eigenvalues (d_g + sqrt(gamma)/pi)(d_a + pi sqrt(gamma))."""
+    Q = torch.kron(st["q_g"], st["q_a"])
+    if isinstance(opt, NoisyEKFAC):
+        ev = st["S"].reshape(-1) + opt.gamma
+    else:
+        r = math.sqrt(opt.gamma)
+        ev = torch.outer(st["d_g"] + r / st["pi"], st["d_a"] + r * st["pi"]).reshape(-1)
+    return Q @ torch.diag(ev) @ Q.T
+
+
+@pytest.mark.parametrize("cls", [NoisyKFAC, NoisyEKFAC])
+def test_momentum_steps_along_the_bias_corrected_average(cls):
+    """momentum = mu, noise=False, exact GGN: the first step is the plain damped natural gradient of
+    u1 = grad + gamma_in W0 (bias correction), the second moves by -lr P2^{-1} (mu (1 - mu) u1 + (1 - mu) u2) /
+    (1 - mu^2), with u1, u2 from autograd here and P the dense preconditioner of the optimizer's state."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 2)).to(DT)
+    X1, X2 = torch.randn(7, 3, dtype=DT), torch.randn(7, 3, dtype=DT)
+    y1, y2 = torch.randn(7, 2, dtype=DT), torch.randn(7, 2, dtype=DT)
+    N, lam, eta, lr, sigma, mu = 50, 0.8, 0.3, 0.1, 0.7, 0.9
+    gin = lam / (N * eta)
+    layers = (model[0], model[2])
+
+    def mats():
+        return [torch.cat([m.weight.detach(), m.bias.detach().unsqueeze(1)], 1).clone() for m in layers]
+
+    def direction(X, y):
+        model.zero_grad()
+        (0.5 * (model(X) - y).pow(2).sum(1).mean() / sigma ** 2).backward()
+        return [torch.cat([m.weight.grad, m.bias.grad.unsqueeze(1)], 1) + gin * w for m, w in zip(layers, mats())]
+
+    opt = cls(model, N, "regression", sigma_noise=sigma, noise=False, fisher_type="type-2", kl_weight=lam,
+              prior_var=eta, damping=0.02, lr=lr, kl_clip=None, T_stats=1, T_inv=1, T_scale=1, seed=3, momentum=mu)
+    w0, u1 = mats(), direction(X1, y1)
+    opt.step(X1, y1)
+    for m, w_old, w_new, u in zip(layers, w0, mats(), u1):
+        P = _dense_preconditioner(opt, opt.state[m.weight])
+        want = w_old - lr * torch.linalg.solve(P, u.reshape(-1)).reshape(u.shape)
+        torch.testing.assert_close(w_new, want, rtol=1e-10, atol=1e-13)
+    w1, u2 = mats(), direction(X2, y2)
+    opt.step(X2, y2)
+    for m, w_old, w_new, a, b in zip(layers, w1, mats(), u1, u2):
+        P = _dense_preconditioner(opt, opt.state[m.weight])
+        mhat = (mu * (1 - mu) * a + (1 - mu) * b) / (1 - mu ** 2)
+        want = w_old - lr * torch.linalg.solve(P, mhat.reshape(-1)).reshape(a.shape)
+        torch.testing.assert_close(w_new, want, rtol=1e-10, atol=1e-13)
+
+
+@pytest.mark.parametrize("damped", [False, True])
+def test_rescaling_reset_to_kfac_eigenvalues(damped):
+    """Noisy EK-FAC's reset of the re-scaling S (T_reinit = 1, no re-scaling statistics after the first step):
+    the K-FAC eigenvalues d_g d_a^T of the fresh bases, or with reinit_damped the factored-damped ones
+    (d_g + sqrt(gamma)/pi)(d_a + pi sqrt(gamma))^T, as the authors' code resets it."""
+    from vmfdist.curvature import damped_kfac_eigenvalues
+
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).to(DT)
+    opt = NoisyEKFAC(model, 40, "regression", fisher_type="type-2", T_stats=1, T_inv=1, T_reinit=1, T_scale=1000,
+                     kl_clip=None, seed=0, reinit_damped=damped, damping=0.01)
+    for _ in range(2):
+        opt.step(torch.randn(8, 3, dtype=DT), torch.randn(8, 2, dtype=DT))
+    for m in (model[0], model[2]):
+        st = opt.state[m.weight]
+        want = (damped_kfac_eigenvalues(st["d_g"], st["d_a"], opt.gamma, st["pi"]) if damped
+                else torch.outer(st["d_g"], st["d_a"]))
+        torch.testing.assert_close(st["S"], want, rtol=1e-10, atol=1e-14)
+
+
+def test_uci_paper_preset_and_momentum_checks():
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1)).to(DT)
+    opt = NoisyEKFAC(model, 100, "regression", preset="uci_paper")
+    assert opt.hp["momentum"] == 0.9 and opt.hp["reinit_damped"] and opt.hp["damping"] == 0
+    assert opt.kl_clip is None and opt.hp["beta_scale"] == 0.01 and opt.hp["T_reinit"] == 5
+    assert NoisyKFAC(model, 100, "regression").hp["momentum"] == 0.0
+    for bad in (1.0, -0.1, math.nan, True):
+        with pytest.raises(ValueError, match="momentum must be in \\[0, 1\\)"):
+            NoisyKFAC(model, 100, "regression", momentum=bad)
+    with pytest.raises(ValueError, match="reinit_damped must be True or False"):
+        NoisyEKFAC(model, 100, "regression", reinit_damped="yes")
+
+
 @pytest.mark.parametrize("cls", [NoisyKFAC, NoisyEKFAC])
 def test_changing_sigma_noise_rescales_the_curvature(cls, one_thread):
     """Bayesian linear regression with the exact GGN and factors averaged over every step: after

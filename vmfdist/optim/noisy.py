@@ -76,7 +76,8 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                  kfac_approx: str = "expand", particles: int = 1, total_steps: Optional[int] = None,
                  lr_decay: float = 0.1, min_eigenvalue: float = 0.0, kl_clip="preset",
                  other_optimizer: str = "adam", other_lr: Optional[float] = None, modules=None,
-                 seed: Optional[int] = None):
+                 seed: Optional[int] = None, momentum: Optional[float] = None,
+                 reinit_damped: Optional[bool] = None):
         if num_data is None:
             raise ValueError("num_data (the global number of training examples N) is required: it sets the "
                              "intrinsic damping lambda/(N eta) and the posterior scale lambda/N")
@@ -86,7 +87,8 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         self._sigma_noise = sigma_noise
         hp, kl_clip = resolve_hyperparameters(self.likelihood, preset, kl_clip, lr=lr, kl_weight=kl_weight,
                                               prior_var=prior_var, damping=damping, beta=beta, beta_scale=beta_scale,
-                                              T_stats=T_stats, T_inv=T_inv, T_scale=T_scale, T_reinit=T_reinit)
+                                              T_stats=T_stats, T_inv=T_inv, T_scale=T_scale, T_reinit=T_reinit,
+                                              momentum=momentum, reinit_damped=reinit_damped)
         check_step_options(fisher_type, kfac_approx, particles, other_optimizer, total_steps)
 
         self.model = model
@@ -527,10 +529,14 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         if plan.do_inv:
             self._new_bases(states)
         if plan.do_reinit:
+            damped = self.hp.get("reinit_damped", False)
             for st in states:
-                da = ((st["A"] @ st["q_a"]) * st["q_a"]).sum(0)  # diag(Q_A^T A Q_A)
-                dg = ((st["G"] @ st["q_g"]) * st["q_g"]).sum(0)
-                st["S"] = dg.clamp_min(self.min_eigenvalue).unsqueeze(1) * da.clamp_min(self.min_eigenvalue)
+                da = ((st["A"] @ st["q_a"]) * st["q_a"]).sum(0).clamp_min(self.min_eigenvalue)  # diag(Q_A^T A Q_A)
+                dg = ((st["G"] @ st["q_g"]) * st["q_g"]).sum(0).clamp_min(self.min_eigenvalue)
+                if damped:  # the authors' reset: the factored-damped K-FAC eigenvalues (the step adds gamma again)
+                    r = math.sqrt(self.gamma)
+                    dg, da = dg + r / st["pi"], da + r * st["pi"]
+                st["S"] = dg.unsqueeze(1) * da
         if plan.do_scale:
             self._scale_count += 1
             wgt = running_average_weight(plan.beta_scale, self._scale_count)
@@ -577,17 +583,36 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
             work.avg(s)
         st["S"] = (st["S"] * (1 - wgt)).add_(s, alpha=wgt / B)
 
+    def _direction(self, work: "StepWork", i: int) -> torch.Tensor:
+        """Layer i's u = grad + gamma_in W as a matrix (what the NGD op otherwise forms inside)."""
+        u = work.w_bar[i] * self.gamma_in
+        if work.grads[i] is not None:
+            u = u + work.grads[i]
+        if work.g_out_rows[i] is not None:
+            u = u + work.g_out_rows[i].T @ work.g_in_rows[i]
+        return u
+
     def _precondition(self, work: "StepWork"):
         """P^{-1} u per layer with u = grad + gamma_in W (the step is -lr times it; V = -u), and the sum of
-        u^T P^{-1} u over the layers for the trust region."""
+        u^T P^{-1} u over the layers for the trust region.  With ``momentum`` mu > 0, u is replaced by the
+        bias-corrected moving average m / (1 - mu^t), m <- mu m + (1 - mu) u (state ``"m"``, t this step's
+        number from 1), as the authors' regression code does."""
         deltas, check = [], None
+        mu = self.hp.get("momentum", 0.0)
         for i, st in enumerate(work.states):
             if self._ekfac:
                 scale, damping = st["S"], self.gamma
             else:
                 scale, damping = self._kfac_eigenvalues(st, self.gamma), 0.0
-            d, du = NGD(st["q_g"], st["q_a"], scale, damping, work.w_bar[i], self.gamma_in, work.grads[i],
-                         work.g_out_rows[i], work.g_in_rows[i])
+            if mu > 0:
+                u = self._direction(work, i)
+                m = u * (1 - mu) if "m" not in st else st["m"] * mu + u * (1 - mu)
+                st["m"] = m  # a new tensor: a step that raises restores the old one
+                d, du = NGD(st["q_g"], st["q_a"], scale, damping, m, 1.0 / (1 - mu ** (self._step + 1)), None, None,
+                            None)
+            else:
+                d, du = NGD(st["q_g"], st["q_a"], scale, damping, work.w_bar[i], self.gamma_in, work.grads[i],
+                            work.g_out_rows[i], work.g_in_rows[i])
             deltas.append(d)
             check = du if check is None else check + du
         return deltas, check
@@ -661,10 +686,16 @@ class NoisyKFAC(_NoisyKroneckerOptimizer):
             ``r * particles + j`` of the global batch).
         total_steps, lr_decay: learning-rate decay by ``lr_decay`` for the second half.
         kl_clip: optional K-FAC trust region on :math:`\\alpha^2 \\Delta^T\\nabla`.
+        momentum: :math:`\\mu \\in [0, 1)`: step along the bias-corrected moving average
+            :math:`m/(1-\\mu^t)`, :math:`m \\leftarrow \\mu m + (1-\\mu)\\nabla` (state ``"m"``) instead of the
+            gradient (default 0; the authors' regression code: 0.9).
+        reinit_damped: noisy EK-FAC: reset the re-scaling to the factored-*damped* K-FAC eigenvalues
+            (the authors' code; the step then adds the damping again), not the undamped ones.
         other_optimizer, other_lr: ``"adam"`` (lr 1e-3) or ``"sgd"`` (lr ``lr``) for the other
             parameters.
         seed: the weight-noise and label stream (default: drawn from torch's global generator).
-        preset: ``"uci"`` or ``"classification"`` (``PRESETS``; default by ``likelihood``); the
+        preset: ``"uci"``, ``"classification"`` or ``"uci_paper"`` (the authors' regression recipe)
+            (``PRESETS``; default ``"uci"`` or ``"classification"`` by ``likelihood``); the
             hyper-parameters given explicitly override it.
         min_eigenvalue: clamp for the factors' eigenvalues (default 0).
         modules: the layers to train (modules or names; default every trainable ``nn.Linear`` /
