@@ -132,6 +132,17 @@ def _power_spherical_marginal_grad(dev, dt, n, layout="contiguous"):
             lib.power_spherical_marginal_grad(_to(omt, dev, dt, layout), _to(kap, dev, dt, layout), 2))
 
 
+def _power_spherical_backward(dev, dt, n, layout="contiguous"):
+    g = _gen(23)
+    d = max(n, 3)
+    loc, kap = _unit_rows(2, d, g), torch.tensor([0.5 * d, 5.0 * d], dtype=F64)
+    x, omt = lib.power_spherical_sample(loc.to(dt), kap.to(dt), n, seed=6, offset=0)  # drawn on the CPU
+    gx, go = torch.randn(x.shape, generator=g, dtype=F64), torch.randn(omt.shape, generator=g, dtype=F64)
+    return lib.power_spherical_sample_backward(_to(gx, dev, dt, layout), _to(go, dev, dt, layout),
+                                               _to(loc, dev, dt, layout), _to(kap, dev, dt, layout),
+                                               _to(x, dev, dt, layout), _to(omt, dev, dt, layout))
+
+
 def _radial_noise(rowwise):
     def case(dev, dt, n, layout="contiguous"):
         g = _gen(14)
@@ -275,6 +286,7 @@ CASES: Dict[str, Callable[..., Tuple[torch.Tensor, ...]]] = {
     "vmf_sample_backward": _vmf_backward,
     "power_spherical_sample": _power_spherical_sample,
     "power_spherical_marginal_grad": _power_spherical_marginal_grad,
+    "power_spherical_sample_backward": _power_spherical_backward,
     "radial_noise": lambda dev, dt, n, layout="contiguous": (_radial_noise(False)(dev, dt, n, layout)
                                                              + _radial_noise(True)(dev, dt, n, layout)),
     "radial_noise_scale_grad": lambda dev, dt, n, layout="contiguous": (_radial_scale_grad(False)(dev, dt, n, layout)

@@ -43,6 +43,7 @@ struct CudaPowerSpherical : CudaSeeds {
 
 TORCH_LIBRARY_IMPL(vmfdist, CUDA, m) {
   m.impl("power_spherical_sample", &power_spherical::Ops<CudaPowerSpherical>::sample);
+  m.impl("power_spherical_sample_backward", &power_spherical::composed_sample_backward);
 }
 
 }  // namespace vmfdist
