@@ -73,9 +73,9 @@ TORCH_LIBRARY(vmfdist, m) {
   // reparameterisation through the Beta CDF; elementwise, broadcasting).
   m.def("power_spherical_marginal_grad(Tensor one_minus_t, Tensor concentration, int dim) -> Tensor");
   // The backward of power_spherical_sample, as vmf_sample_backward with the power spherical
-  // marginal's dt/dkappa (power_spherical_marginal_grad's, fused into the pass over sample rows).  CPU
-  // only so far: on CUDA vmfdist/_ops/power_spherical.py composes vmf_sample_backward and
-  // power_spherical_marginal_grad.  No derivative of its own.
+  // marginal's dt/dkappa (power_spherical_marginal_grad's, fused into the pass over sample rows) on
+  // the CPU; on CUDA composed from those two ops (host/power_spherical_host.h).  No derivative of
+  // its own.
   m.def("power_spherical_sample_backward(Tensor grad_x, Tensor? grad_one_minus_t, Tensor loc, "
         "Tensor concentration, Tensor x, Tensor one_minus_t, bool loc_grad=True, bool concentration_grad=True) -> "
         "(Tensor, Tensor)");

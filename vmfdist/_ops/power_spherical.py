@@ -2,8 +2,9 @@
 
 The sampler ``power_spherical_sample`` returns ``x = Q(mu) (t, sqrt(1 - t^2) v)`` and ``1 - t``.  On the CPU
 its backward is one fused op, ``power_spherical_sample_backward`` (one pass over the sample rows, as
-``vmf_sample_backward``, with the marginal's dt/dkappa computed in it).  On CUDA, which has no kernel of it yet,
-the backward is assembled from two compiled pieces computing the same map:
+``vmf_sample_backward``, with the marginal's dt/dkappa computed in it).  On CUDA the backward is assembled
+here from two compiled pieces computing the same map (the op itself exists on CUDA too, composed in C++ the
+same way, but until a GPU session has run it autograd keeps this tested path):
 
 * with respect to ``loc``: the reflection is the vMF sampler's, so ``vmf_sample_backward`` with
   ``concentration_grad=False`` gives exactly d/dloc with the unrotated sample held fixed (it never
