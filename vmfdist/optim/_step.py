@@ -4,7 +4,8 @@ step's plan and working data (see ``_NoisyKroneckerOptimizer.step``).  The compi
 :mod:`vmfdist.linalg`'s graph-free overloads, below autograd by ``vmfdist._torch_internals``."""
 from __future__ import annotations
 
-from typing import NamedTuple
+import math
+from typing import NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
@@ -19,7 +20,7 @@ from ..random import random_kwargs
 
 __all__ = ["MIX_START", "MASK63", "mix64_state", "mix64", "below_autograd", "SAMPLE", "NGD", "MOMENTS",
            "sample_now", "matvec_now", "running_gram", "dist_info", "StepPlan", "StepWork", "parameter_gradients",
-           "check_batch", "checkpoint", "roll_back", "check_labels", "StateCache"]
+           "check_batch", "checkpoint", "roll_back", "check_labels", "StateCache", "moving_average", "kfac_rescaling"]
 
 MIX_START = 0x9E3779B97F4A7C15
 MASK63 = 0x7FFFFFFFFFFFFFFF
@@ -113,6 +114,35 @@ class StepWork:
         dist.all_reduce(t)
         t /= self._world
         return t
+
+    def direction(self, i: int, gamma_in: float) -> torch.Tensor:
+        """Layer i's u = grad + gamma_in W as a matrix (what the NGD op otherwise forms inside)."""
+        u = self.w_bar[i] * gamma_in
+        if self.grads[i] is not None:
+            u = u + self.grads[i]
+        if self.g_out_rows[i] is not None:
+            u = u + self.g_out_rows[i].T @ self.g_in_rows[i]
+        return u
+
+
+def moving_average(m: Optional[torch.Tensor], u: torch.Tensor, mu: float, t: int):
+    """``(m', c)``: the moving average m' = mu m + (1 - mu) u (m None: 0) as a new tensor, and the bias
+    correction c = 1 / (1 - mu^t) at step t (from 1) that makes c m' an average of the u's."""
+    m = u * (1 - mu) if m is None else m * mu + u * (1 - mu)
+    return m, 1.0 / (1 - mu ** t)
+
+
+def kfac_rescaling(st, min_eigenvalue: float, damping: Optional[float] = None) -> torch.Tensor:
+    """Noisy EK-FAC's re-scaling reset from a layer's state: the K-FAC eigenvalues in the current basis,
+    diag(Q_G^T G Q_G) diag(Q_A^T A Q_A)^T (clamped at ``min_eigenvalue``), or with ``damping`` gamma the
+    factored-damped ones (d_g + sqrt(gamma)/pi)(d_a + pi sqrt(gamma))^T, the authors' reset (the step then
+    adds gamma again)."""
+    da = ((st["A"] @ st["q_a"]) * st["q_a"]).sum(0).clamp_min(min_eigenvalue)
+    dg = ((st["G"] @ st["q_g"]) * st["q_g"]).sum(0).clamp_min(min_eigenvalue)
+    if damping is not None:
+        r = math.sqrt(damping)
+        dg, da = dg + r / st["pi"], da + r * st["pi"]
+    return dg.unsqueeze(1) * da
 
 
 def parameter_gradients(loss, layer_list, weights, biases, other, means, grads) -> None:

@@ -56,12 +56,11 @@ from ..curvature import (KFACCollector, KroneckerFactor, check_output, check_tar
 from ..curvature.layers import layer_shape
 from ..distributions import EigenvalueCorrectedMatrixNormal, MatrixNormal
 from ._step import (MASK63, MIX_START, MOMENTS, NGD, SAMPLE, StepPlan, StepWork, below_autograd, check_batch,
-                    StateCache, check_labels, checkpoint, dist_info, roll_back,
+                    kfac_rescaling, moving_average, StateCache, check_labels, checkpoint, dist_info, roll_back,
                     mix64_state, parameter_gradients, running_gram, sample_now)
 from .settings import PRESETS, check_step_options, resolve_hyperparameters, trained_layers
 
 __all__ = ["NoisyKFAC", "NoisyEKFAC", "PRESETS"]
-
 
 
 class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
@@ -529,14 +528,9 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         if plan.do_inv:
             self._new_bases(states)
         if plan.do_reinit:
-            damped = self.hp.get("reinit_damped", False)
+            damping = self.gamma if self.hp.get("reinit_damped", False) else None
             for st in states:
-                da = ((st["A"] @ st["q_a"]) * st["q_a"]).sum(0).clamp_min(self.min_eigenvalue)  # diag(Q_A^T A Q_A)
-                dg = ((st["G"] @ st["q_g"]) * st["q_g"]).sum(0).clamp_min(self.min_eigenvalue)
-                if damped:  # the authors' reset: the factored-damped K-FAC eigenvalues (the step adds gamma again)
-                    r = math.sqrt(self.gamma)
-                    dg, da = dg + r / st["pi"], da + r * st["pi"]
-                st["S"] = dg.unsqueeze(1) * da
+                st["S"] = kfac_rescaling(st, self.min_eigenvalue, damping)
         if plan.do_scale:
             self._scale_count += 1
             wgt = running_average_weight(plan.beta_scale, self._scale_count)
@@ -583,20 +577,9 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
             work.avg(s)
         st["S"] = (st["S"] * (1 - wgt)).add_(s, alpha=wgt / B)
 
-    def _direction(self, work: "StepWork", i: int) -> torch.Tensor:
-        """Layer i's u = grad + gamma_in W as a matrix (what the NGD op otherwise forms inside)."""
-        u = work.w_bar[i] * self.gamma_in
-        if work.grads[i] is not None:
-            u = u + work.grads[i]
-        if work.g_out_rows[i] is not None:
-            u = u + work.g_out_rows[i].T @ work.g_in_rows[i]
-        return u
-
     def _precondition(self, work: "StepWork"):
         """P^{-1} u per layer with u = grad + gamma_in W (the step is -lr times it; V = -u), and the sum of
-        u^T P^{-1} u over the layers for the trust region.  With ``momentum`` mu > 0, u is replaced by the
-        bias-corrected moving average m / (1 - mu^t), m <- mu m + (1 - mu) u (state ``"m"``, t this step's
-        number from 1), as the authors' regression code does."""
+        u^T P^{-1} u over the layers for the trust region (u: its bias-corrected average with ``momentum``)."""
         deltas, check = [], None
         mu = self.hp.get("momentum", 0.0)
         for i, st in enumerate(work.states):
@@ -604,12 +587,9 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                 scale, damping = st["S"], self.gamma
             else:
                 scale, damping = self._kfac_eigenvalues(st, self.gamma), 0.0
-            if mu > 0:
-                u = self._direction(work, i)
-                m = u * (1 - mu) if "m" not in st else st["m"] * mu + u * (1 - mu)
-                st["m"] = m  # a new tensor: a step that raises restores the old one
-                d, du = NGD(st["q_g"], st["q_a"], scale, damping, m, 1.0 / (1 - mu ** (self._step + 1)), None, None,
-                            None)
+            if mu > 0:  # a new tensor st["m"]: a step that raises restores the old one
+                st["m"], correction = moving_average(st.get("m"), work.direction(i, self.gamma_in), mu, self._step + 1)
+                d, du = NGD(st["q_g"], st["q_a"], scale, damping, st["m"], correction, None, None, None)
             else:
                 d, du = NGD(st["q_g"], st["q_a"], scale, damping, work.w_bar[i], self.gamma_in, work.grads[i],
                             work.g_out_rows[i], work.g_in_rows[i])
@@ -686,11 +666,9 @@ class NoisyKFAC(_NoisyKroneckerOptimizer):
             ``r * particles + j`` of the global batch).
         total_steps, lr_decay: learning-rate decay by ``lr_decay`` for the second half.
         kl_clip: optional K-FAC trust region on :math:`\\alpha^2 \\Delta^T\\nabla`.
-        momentum: :math:`\\mu \\in [0, 1)`: step along the bias-corrected moving average
-            :math:`m/(1-\\mu^t)`, :math:`m \\leftarrow \\mu m + (1-\\mu)\\nabla` (state ``"m"``) instead of the
-            gradient (default 0; the authors' regression code: 0.9).
-        reinit_damped: noisy EK-FAC: reset the re-scaling to the factored-*damped* K-FAC eigenvalues
-            (the authors' code; the step then adds the damping again), not the undamped ones.
+        momentum: :math:`\\mu \\in [0, 1)`: step along :math:`m/(1-\\mu^t)`, :math:`m \\leftarrow \\mu m + (1-\\mu)\\nabla`
+            (state ``"m"``), not the gradient (default 0; the authors' regression code: 0.9).
+        reinit_damped: EK-FAC's re-scaling reset to the factored-*damped* K-FAC eigenvalues (theirs).
         other_optimizer, other_lr: ``"adam"`` (lr 1e-3) or ``"sgd"`` (lr ``lr``) for the other
             parameters.
         seed: the weight-noise and label stream (default: drawn from torch's global generator).
