@@ -448,19 +448,22 @@ class _BaseLaplace(PredictiveMixin, FromFactorsMixin, SavingMixin):
                 self.prior_precision = self.prior_precision.expand(self._precision.dim).clone()
             log_pp = self.prior_precision.log().detach().clone().requires_grad_(True)
             opt = torch.optim.Adam([log_pp], lr=lr)
-            objective = self._prior_objective()
+            # the part of the negative log evidence that depends on the prior precision, for values of
+            # the stored one's shape: not checked per step, the result is (by the setter, below)
+            objective = self._precision.prior_objective(self._H_factor.detach(), self.mean - self.prior_mean)
             for _ in range(n_steps):
                 opt.zero_grad()
                 neg = objective(log_pp.exp())
                 neg.backward()
                 opt.step()
             found = log_pp.detach().exp()
-            if not bool(torch.isfinite(found).all() and (found > 0).all()):
+            try:
+                self.prior_precision = found
+            except ValueError as e:  # not finite and positive
                 self.prior_precision = before
                 raise ValueError(f"optimize_prior_precision: the marginal-likelihood optimisation diverged (prior "
                                  f"precision {found.tolist()[:4]} after {n_steps} Adam steps of lr={lr}); try a "
-                                 f"smaller lr")
-            self.prior_precision = found
+                                 f"smaller lr") from e
         elif method == "gridsearch":
             if val_loader is None:
                 raise ValueError("method='gridsearch' needs val_loader (an iterable of (inputs, targets) batches)")
@@ -470,12 +473,6 @@ class _BaseLaplace(PredictiveMixin, FromFactorsMixin, SavingMixin):
             raise ValueError(f"method must be 'marglik' or 'gridsearch', got {method!r}")
         if verbose:
             print(f"Optimized prior precision is {self.prior_precision}.")
-
-    def _prior_objective(self):
-        """``pp -> (log det P - log det P0 + scatter) / 2``, the part of the negative log evidence
-        that depends on the prior precision, for ``pp`` of the stored prior precision's shape (not
-        checked: the optimisation loop sets and so checks only its result)."""
-        return self._precision.prior_objective(self._H_factor.detach(), self.mean - self.prior_mean)
 
     def _gridsearch(self, grid, val_loader, pred_type, link_approx, n_samples, loss):
         data = [unpack_batch(b, "val_loader") for b in val_loader]

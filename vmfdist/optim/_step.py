@@ -4,14 +4,13 @@ step's plan and working data (see ``_NoisyKroneckerOptimizer.step``).  The compi
 :mod:`vmfdist.linalg`'s graph-free overloads, below autograd by ``vmfdist._torch_internals``."""
 from __future__ import annotations
 
-import math
 from typing import NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
 
 from .._torch_internals import below_autograd
-from ..curvature import batch_rows
+from ..curvature import batch_rows, damped_kfac_eigenvalues, kfac_eigenvalues
 from ..linalg import kron_eigen_matvec_op as MATVEC
 from ..linalg import kron_eigen_moments_op as MOMENTS
 from ..linalg import kron_eigen_ngd_op as NGD
@@ -139,10 +138,7 @@ def kfac_rescaling(st, min_eigenvalue: float, damping: Optional[float] = None) -
     adds gamma again)."""
     da = ((st["A"] @ st["q_a"]) * st["q_a"]).sum(0).clamp_min(min_eigenvalue)
     dg = ((st["G"] @ st["q_g"]) * st["q_g"]).sum(0).clamp_min(min_eigenvalue)
-    if damping is not None:
-        r = math.sqrt(damping)
-        dg, da = dg + r / st["pi"], da + r * st["pi"]
-    return dg.unsqueeze(1) * da
+    return kfac_eigenvalues(dg, da) if damping is None else damped_kfac_eigenvalues(dg, da, damping, st["pi"])
 
 
 def parameter_gradients(loss, layer_list, weights, biases, other, means, grads) -> None:
