@@ -127,6 +127,11 @@ TORCH_LIBRARY(vmfdist, m) {
   // (seed, offset, r) of seed_offset = [seed, offset] (int64 (2,), variance's device).
   // Deterministic: it regenerates kron_eigen_sample's noise.
   m.def("kron_eigen_noise(Tensor variance, SymInt[] size, Tensor seed_offset, float power=0.5) -> Tensor");
+  // The same with one stream per matrix: matrix k of the leading dimensions of size (..., out, in)
+  // is kron_eigen_noise(variance[k], (out, in), seed_offsets[k]) -- row i of it the Philox stream
+  // (seed_k, offset_k, i).  seed_offsets: int64 (prod(size[:-2]), 2), variance's device.  One call
+  // draws the noise of many independent samplers (vmfdist.optim's batched optimizers).
+  m.def("kron_eigen_noise_keyed(Tensor variance, SymInt[] size, Tensor seed_offsets, float power=0.5) -> Tensor");
   // loc + Q_out (E * variance^(1/2)) Q_in^T for num_samples draws: returns
   // ((num_samples, *batch, out, in), seed_offset); E is kron_eigen_noise(variance, that
   // size, seed_offset).

@@ -228,6 +228,13 @@ def _kron_noise(dev, dt, n, layout="contiguous"):
     return (lib.kron_eigen_noise(_to(var, dev, dt, layout), [2, *s.shape], _seed_offset(dev), 0.5),)
 
 
+def _kron_noise_keyed(dev, dt, n, layout="contiguous"):
+    _, _, s, _ = _kron_inputs(n, 26)
+    var = s[:1] if layout == "broadcast" else s
+    keys = torch.tensor([[7, 0], [2 ** 62 + 5, 3], [7, 1]], dtype=torch.int64, device=dev)
+    return (lib.kron_eigen_noise_keyed(_to(var, dev, dt, layout), [3, *s.shape], keys, 0.5),)
+
+
 def _kron_sample(dev, dt, n, layout="contiguous"):
     qo, qi, s, v = _kron_inputs(n, 22)
     t = lambda x: _to(x, dev, dt, layout)  # noqa: E731
@@ -297,6 +304,7 @@ CASES: Dict[str, Callable[..., Tuple[torch.Tensor, ...]]] = {
     "meanfield_kl_backward": _meanfield_kl_backward,
     "kron_eigen_matvec": _kron_matvec,
     "kron_eigen_noise": _kron_noise,
+    "kron_eigen_noise_keyed": _kron_noise_keyed,
     "kron_eigen_sample": _kron_sample,
     "kron_eigen_ngd": _kron_ngd,
     "kron_eigen_moments": _kron_moments,

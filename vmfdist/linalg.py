@@ -34,7 +34,7 @@ from ._ops.random import call_sampler
 from ._ops.vmf import householder
 
 __all__ = ["kron_eigen_matvec", "kron_eigen_sample", "kron_eigen_ngd", "kron_eigen_moments", "householder",
-           "kron_eigen_matvec_op", "kron_eigen_sample_op", "kron_eigen_ngd_op", "kron_eigen_moments_op"]
+           "kron_eigen_matvec_op", "kron_eigen_sample_op", "kron_eigen_noise_keyed_op", "kron_eigen_ngd_op", "kron_eigen_moments_op"]
 
 #: ``torch.ops.vmfdist.kron_eigen_matvec.default``, the op under :func:`kron_eigen_matvec`
 #: (``power`` a float).
@@ -43,6 +43,12 @@ kron_eigen_matvec_op = lib.kron_eigen_matvec.default
 #: generator=None, seed=None, offset=None) -> (samples (num_samples, *batch, out, in), seed_offset)``,
 #: the op under :func:`kron_eigen_sample`.
 kron_eigen_sample_op = lib.kron_eigen_sample.default
+#: ``torch.ops.vmfdist.kron_eigen_noise_keyed.default``: ``(variance, size, seed_offsets, power=0.5)``:
+#: :math:`E \odot \mathrm{variance}^{p}` of ``size`` ``(..., out, in)`` with one Philox stream per matrix,
+#: ``seed_offsets`` int64 ``(matrices, 2)``; matrix ``k`` is what :func:`kron_eigen_sample` with
+#: ``seed, offset = seed_offsets[k]`` draws for one ``(out, in)`` sample.  No derivative (the batched
+#: optimizers' weight noise, :mod:`vmfdist.optim.batched`).
+kron_eigen_noise_keyed_op = lib.kron_eigen_noise_keyed.default
 #: ``torch.ops.vmfdist.kron_eigen_ngd.default``, the op under :func:`kron_eigen_ngd` (``damping`` and
 #: ``weight_decay`` floats).
 kron_eigen_ngd_op = lib.kron_eigen_ngd.default

@@ -104,6 +104,39 @@ struct CpuBackend : CpuSeeds {
       });
     });
   }
+
+  // kron_eigen_noise_keyed's values: seeds in [0, 2^63) (any int64 >= 0), offsets in [0, 2^48 - 1].
+  static void check_keys(const char* op, const at::Tensor& keys) {
+    const int64_t* p = keys.const_data_ptr<int64_t>();
+    for (int64_t k = 0; k < keys.size(0); ++k) {
+      TORCH_CHECK(p[2 * k] >= 0, op, ": seed_offsets[", k, "] holds the seed ", p[2 * k], ", outside [0, 2^63)");
+      TORCH_CHECK(p[2 * k + 1] >= 0 && p[2 * k + 1] <= philox::kMaxOffset - 1, op, ": seed_offsets[", k,
+                  "] holds the offset ", p[2 * k + 1], ", outside [0, 2^48 - 1]");
+    }
+  }
+
+  // Matrix b's rows are its own stream (keys[b], row i): the same values as kron_eigen_noise of
+  // that matrix alone.
+  static void noise_keyed(at::Tensor& z, const at::Tensor& s, const BatchOffsets& offs, int64_t out, int64_t in,
+                          const int64_t* keys, double power) {
+    const int64_t rows = z.numel() / in;
+    const int64_t grain = std::max<int64_t>(1, 4096 / in);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, z.scalar_type(), "kron_eigen_noise_keyed", [&] {
+      scalar_t* pz = z.mutable_data_ptr<scalar_t>();
+      const scalar_t* ps = s.const_data_ptr<scalar_t>();
+      kron::dispatch_pow_mode(kron::pow_mode(power), [&]<PowMode M>() {
+        at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+          isa::dispatch([&] {
+            for (int64_t r = begin; r < end; ++r) {
+              const int64_t b = r / out, i = r - b * out;
+              noise_row<M, scalar_t>(pz + r * in, ps + offs(b) + i * in, in, static_cast<uint64_t>(keys[2 * b]),
+                                     static_cast<uint64_t>(keys[2 * b + 1]), static_cast<uint64_t>(i), power);
+            }
+          });
+        });
+      });
+    });
+  }
 };
 
 }  // namespace
@@ -113,6 +146,7 @@ TORCH_LIBRARY_IMPL(vmfdist, CPU, m) {
   m.impl("kron_eigen_moments", &kron::Ops<CpuBackend>::moments);
   m.impl("kron_eigen_matvec", &kron::Ops<CpuBackend>::matvec);
   m.impl("kron_eigen_noise", &kron::Ops<CpuBackend>::noise);
+  m.impl("kron_eigen_noise_keyed", &kron::Ops<CpuBackend>::noise_keyed);
   m.impl("kron_eigen_sample", &kron::Ops<CpuBackend>::sample);
 }
 

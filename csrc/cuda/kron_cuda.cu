@@ -65,6 +65,32 @@ __global__ void noise_kernel(scalar_t* __restrict__ z, const scalar_t* __restric
   }
 }
 
+// kron_eigen_noise_keyed: matrix b = r / out draws from its own (seed, offset), rows counted within it.
+template <PowMode M, typename scalar_t>
+__global__ void noise_keyed_kernel(scalar_t* __restrict__ z, const scalar_t* __restrict__ s, BatchOffsets offs,
+                                   int64_t out, int64_t in, int64_t rows, const int64_t* __restrict__ keys,
+                                   double power) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  const opmath_t p = static_cast<opmath_t>(power);
+  const int64_t nblk = (in + 3) / 4;
+  const int64_t n = rows * nblk;
+  for (int64_t idx : launch::grid_stride(n)) {
+    const int64_t r = idx / nblk;
+    const int64_t j = idx - r * nblk;
+    const int64_t b = r / out, i = r - b * out;
+    const SeedOffset so = load_seed_offset(keys + 2 * b);
+    const scalar_t* sr = s + offs(b) + i * in;
+    scalar_t* zr = z + r * in;
+    opmath_t e[4];
+    kron::noise4<scalar_t, opmath_t>(so.seed, so.offset & ((uint64_t(1) << 48) - 1), static_cast<uint64_t>(i),
+                                     static_cast<uint32_t>(j), e);
+    for (int k = 0; k < 4; ++k) {
+      const int64_t c = 4 * j + k;
+      if (c < in) zr[c] = static_cast<scalar_t>(e[k] * kron::spow<M>(static_cast<opmath_t>(sr[c]), p));
+    }
+  }
+}
+
 struct CudaBackend : CudaSeeds {
   static void scale_mul(at::Tensor& t, const at::Tensor& s, const BatchOffsets& offs, int64_t out, int64_t in,
                         double power) {
@@ -95,6 +121,24 @@ struct CudaBackend : CudaSeeds {
     });
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
+
+  // The keys stay on the device; reading them here would synchronise (the kernel masks the offset).
+  static void check_keys(const char*, const at::Tensor&) {}
+
+  static void noise_keyed(at::Tensor& z, const at::Tensor& s, const BatchOffsets& offs, int64_t out, int64_t in,
+                          const int64_t* keys, double power) {
+    const c10::cuda::CUDAGuard guard(z.device());
+    const int64_t rows = z.numel() / in;
+    const int64_t n = rows * ((in + 3) / 4);
+    if (n == 0) return;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, z.scalar_type(), "kron_eigen_noise_keyed", [&] {
+      kron::dispatch_pow_mode(kron::pow_mode(power), [&]<PowMode M>() {
+        noise_keyed_kernel<M, scalar_t><<<blocks_for(n), kThreads, 0, launch::stream()>>>(
+            z.mutable_data_ptr<scalar_t>(), s.const_data_ptr<scalar_t>(), offs, out, in, rows, keys, power);
+      });
+    });
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
 };
 
 }  // namespace
@@ -104,6 +148,7 @@ TORCH_LIBRARY_IMPL(vmfdist, CUDA, m) {
   m.impl("kron_eigen_moments", &kron::Ops<CudaBackend>::moments);
   m.impl("kron_eigen_matvec", &kron::Ops<CudaBackend>::matvec);
   m.impl("kron_eigen_noise", &kron::Ops<CudaBackend>::noise);
+  m.impl("kron_eigen_noise_keyed", &kron::Ops<CudaBackend>::noise_keyed);
   m.impl("kron_eigen_sample", &kron::Ops<CudaBackend>::sample);
 }
 

@@ -281,6 +281,42 @@ at::Tensor kron_eigen_noise_impl(const at::Tensor& variance, at::IntArrayRef siz
   return z;
 }
 
+// kron_eigen_noise_keyed: one (seed, offset) per matrix of the leading dimensions, rows counted
+// within each matrix.  `keys` is the contiguous (m, 2) int64 tensor, checked here (on the CPU its
+// values too; on CUDA they are read only by the kernel, which masks the offset to 48 bits).
+template <class Backend>
+at::Tensor kron_eigen_noise_keyed_impl(const at::Tensor& variance, at::IntArrayRef size, const at::Tensor& keys_in,
+                                       double power) {
+  constexpr const char* op = "kron_eigen_noise_keyed";
+  TORCH_CHECK(size.size() >= 2, op, ": size must have at least 2 dimensions (..., out, in), got ", size);
+  for (const int64_t x : size) TORCH_CHECK(x >= 0, op, ": size must be non-negative, got ", size);
+  const int64_t out = size[size.size() - 2], in = size[size.size() - 1];
+  TORCH_CHECK(variance.dim() >= 2, op, ": variance must have at least 2 dimensions, got shape ", variance.sizes());
+  TORCH_CHECK(at::isFloatingType(variance.scalar_type()), op, ": variance must be a floating tensor, got dtype ",
+              variance.scalar_type());
+  TORCH_CHECK(std::isfinite(power), op, ": power must be finite, got ", power);
+  bool ok = variance.dim() <= static_cast<int64_t>(size.size());
+  for (int64_t k = 1; ok && k <= variance.dim(); ++k) {
+    const int64_t a = variance.size(-k), b = size[size.size() - k];
+    ok = (a == b || a == 1);
+  }
+  TORCH_CHECK(ok, op, ": variance of shape ", variance.sizes(), " does not broadcast to size ", size);
+  const at::IntArrayRef prefix = size.slice(0, size.size() - 2);
+  const int64_t m = prod(prefix);
+  TORCH_CHECK(keys_in.scalar_type() == at::kLong && keys_in.dim() == 2 && keys_in.size(0) == m && keys_in.size(1) == 2,
+              op, ": seed_offsets must be an int64 tensor of shape (", m, ", 2) (one [seed, offset] per matrix of size ",
+              size, "), got dtype ", keys_in.scalar_type(), " and shape ", keys_in.sizes());
+  check_same_device(op, {{"variance", variance}, {"seed_offsets", keys_in}});
+  check_noise_range(op, out, in);
+  at::Tensor z = at::empty(size, variance.options());
+  if (z.numel() == 0) return z;
+  const at::Tensor keys = keys_in.contiguous();
+  Backend::check_keys(op, keys);
+  const auto [s, offs] = prepare_scale(variance, variance.scalar_type(), prefix, out, in);
+  Backend::noise_keyed(z, s, offs, out, in, keys.const_data_ptr<int64_t>(), power);
+  return z;
+}
+
 // Returns the samples; the noise comes from `seed_offset` (see kron_eigen_noise_impl).
 template <class Backend>
 at::Tensor kron_eigen_sample_impl(const at::Tensor& loc_in, const at::Tensor& q_out_in, const at::Tensor& q_in_in,
@@ -441,6 +477,12 @@ struct Ops {
     const typename Backend::Guard guard(variance.device());
     const auto so = Backend::read("kron_eigen_noise", seed_offset, 1, variance.device());
     return kron_eigen_noise_impl<Backend>(variance, C10_AS_INTARRAYREF_SLOW(size), so, power);
+  }
+
+  static at::Tensor noise_keyed(const at::Tensor& variance, c10::SymIntArrayRef size, const at::Tensor& seed_offsets,
+                                double power) {
+    const typename Backend::Guard guard(variance.device());
+    return kron_eigen_noise_keyed_impl<Backend>(variance, C10_AS_INTARRAYREF_SLOW(size), seed_offsets, power);
   }
 
   static std::tuple<at::Tensor, at::Tensor> sample(const at::Tensor& loc, const at::Tensor& q_out,

@@ -65,6 +65,18 @@ def _(variance, size, seed_offset, power=0.5):
     return variance.new_empty(size)
 
 
+@torch.library.register_fake("vmfdist::kron_eigen_noise_keyed")
+def _(variance, size, seed_offsets, power=0.5):
+    op = "kron_eigen_noise_keyed"
+    torch._check(len(size) >= 2, lambda: f"{op}: size must have at least 2 dimensions, got {size}")
+    torch._check(variance.dtype.is_floating_point, lambda: f"{op}: variance must be a floating tensor, got dtype "
+                 f"{variance.dtype}")
+    torch._check(seed_offsets.dtype == torch.int64 and seed_offsets.dim() == 2 and seed_offsets.shape[1] == 2,
+                 lambda: f"{op}: seed_offsets must be an int64 tensor of shape (matrices, 2), got dtype "
+                 f"{seed_offsets.dtype} and shape {tuple(seed_offsets.shape)}")
+    return variance.new_empty(size)
+
+
 @torch.library.register_fake("vmfdist::kron_eigen_sample")
 def _(loc, q_out, q_in, variance, num_samples, *, generator=None, seed=None, offset=None):
     op = "kron_eigen_sample"

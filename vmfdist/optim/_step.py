@@ -19,7 +19,8 @@ from ..random import random_kwargs
 
 __all__ = ["MIX_START", "MASK63", "mix64_state", "mix64", "below_autograd", "SAMPLE", "NGD", "MOMENTS",
            "sample_now", "matvec_now", "running_gram", "dist_info", "StepPlan", "StepWork", "parameter_gradients",
-           "check_batch", "checkpoint", "roll_back", "check_labels", "StateCache", "moving_average", "kfac_rescaling"]
+           "check_batch", "checkpoint", "roll_back", "check_labels", "StateCache", "moving_average", "kfac_rescaling",
+           "plan_step"]
 
 MIX_START = 0x9E3779B97F4A7C15
 MASK63 = 0x7FFFFFFFFFFFFFFF
@@ -83,6 +84,22 @@ class StepPlan(NamedTuple):
     need_acts: bool
 
 
+def plan_step(k: int, hp: dict, stats_count: int, ekfac: bool, lr: float, total_steps: Optional[int],
+              lr_decay: float) -> StepPlan:
+    """What step ``k`` (from 0) of a noisy optimizer with settings ``hp`` updates, and its rates: ``lr``
+    and the running-average rates, times ``lr_decay`` in the second half of ``total_steps``."""
+    f = lr_decay if total_steps is not None and k >= total_steps / 2 else 1.0
+    do_stats = k % hp["T_stats"] == 0
+    # bases every T_inv steps, and (warm-up, ours) at the 1st, 2nd, 4th, 8th, ... statistics update
+    # while that is sooner: the first factors come from a few batches and are far from full rank
+    n_next = stats_count + 1
+    do_inv = k % hp["T_inv"] == 0 or (do_stats and n_next * hp["T_stats"] < hp["T_inv"] and n_next & (n_next - 1) == 0)
+    do_scale = ekfac and k % hp["T_scale"] == 0
+    do_reinit = ekfac and (do_inv or k % hp["T_reinit"] == 0)
+    return StepPlan(lr * f, hp["beta"] * f, hp["beta_scale"] * f, do_stats, do_inv, do_scale, do_reinit,
+                    do_stats or do_scale)
+
+
 class StepWork:
     """One step's working data, filled phase by phase: per layer, the row matrices whose Gram
     matrices sum to the batch factors (A: times ``a_scale``), (patches, [output gradients]) for the
@@ -136,8 +153,8 @@ def kfac_rescaling(st, min_eigenvalue: float, damping: Optional[float] = None) -
     diag(Q_G^T G Q_G) diag(Q_A^T A Q_A)^T (clamped at ``min_eigenvalue``), or with ``damping`` gamma the
     factored-damped ones (d_g + sqrt(gamma)/pi)(d_a + pi sqrt(gamma))^T, the authors' reset (the step then
     adds gamma again)."""
-    da = ((st["A"] @ st["q_a"]) * st["q_a"]).sum(0).clamp_min(min_eigenvalue)
-    dg = ((st["G"] @ st["q_g"]) * st["q_g"]).sum(0).clamp_min(min_eigenvalue)
+    da = ((st["A"] @ st["q_a"]) * st["q_a"]).sum(-2).clamp_min(min_eigenvalue)  # (batches of layers too)
+    dg = ((st["G"] @ st["q_g"]) * st["q_g"]).sum(-2).clamp_min(min_eigenvalue)
     return kfac_eigenvalues(dg, da) if damping is None else damped_kfac_eigenvalues(dg, da, damping, st["pi"])
 
 

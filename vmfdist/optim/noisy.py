@@ -57,7 +57,7 @@ from ..curvature.layers import layer_shape
 from ..distributions import EigenvalueCorrectedMatrixNormal, MatrixNormal
 from ._step import (MASK63, MIX_START, MOMENTS, NGD, SAMPLE, StepPlan, StepWork, below_autograd, check_batch,
                     kfac_rescaling, moving_average, StateCache, check_labels, checkpoint, dist_info, roll_back,
-                    mix64_state, parameter_gradients, running_gram, sample_now)
+                    mix64_state, parameter_gradients, plan_step, running_gram, sample_now)
 from .settings import PRESETS, check_step_options, resolve_hyperparameters, trained_layers
 
 __all__ = ["NoisyKFAC", "NoisyEKFAC", "PRESETS"]
@@ -301,19 +301,14 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                              f"{tuple(target.shape)}")
         return 0.5 * (out - target).pow(2).sum() / self.sigma_noise ** 2
 
-    def _rates(self):
-        """This step's ``(lr, beta, beta_scale)``: the parameter group's ``lr`` (set by the constructor,
-        an LR scheduler or the user, as in torch.optim) and the running-average rates, times
-        ``lr_decay`` in the second half of ``total_steps``."""
+    def _lr(self) -> float:
+        """The parameter group's ``lr`` (set by the constructor, an LR scheduler or the user, as in torch.optim)."""
         lr = self.param_groups[0]["lr"]
         if isinstance(lr, torch.Tensor):
             lr = float(lr)
         if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr >= 0):
             raise ValueError(f"lr (param_groups[0]['lr']) must be a non-negative finite number, got {lr!r}")
-        f = 1.0
-        if self.total_steps is not None and self._step >= self.total_steps / 2:
-            f = self.lr_decay
-        return lr * f, self.hp["beta"] * f, self.hp["beta_scale"] * f
+        return lr
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """One step on a batch: returns the mean negative log-likelihood at the sampled weights
@@ -348,17 +343,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
 
     def _plan(self) -> "StepPlan":
         """What this step updates, and its rates."""
-        k, hp = self._step, self.hp
-        lr, beta, beta_scale = self._rates()
-        do_stats = k % hp["T_stats"] == 0
-        # bases every T_inv steps, and (warm-up, ours) at the 1st, 2nd, 4th, 8th, ... statistics update
-        # while that is sooner: the first factors come from a few batches and are far from full rank
-        n_next = self._stats_count + 1
-        do_inv = k % hp["T_inv"] == 0 or (do_stats and n_next * hp["T_stats"] < hp["T_inv"]
-                                           and n_next & (n_next - 1) == 0)
-        do_scale = self._ekfac and k % hp["T_scale"] == 0
-        do_reinit = self._ekfac and (do_inv or k % hp["T_reinit"] == 0)
-        return StepPlan(lr, beta, beta_scale, do_stats, do_inv, do_scale, do_reinit, do_stats or do_scale)
+        return plan_step(self._step, self.hp, self._stats_count, self._ekfac, self._lr(), self.total_steps, self.lr_decay)
 
     def _run_share(self, j: int, inputs, targets, plan: "StepPlan", work: "StepWork") -> None:
         """Share ``j`` of the batch: sample the weights, forward, backward; the loss gradient goes to
