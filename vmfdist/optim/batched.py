@@ -171,12 +171,22 @@ class _BatchedNoisyKronecker:
             return (self.hp["kl_weight"] / self.num_data) / (st["S"] + self.gamma_in)
         return self._kfac_eigs(i)[0]
 
-    def sample_weights(self, n: int = 1, generator: Optional[torch.Generator] = None) -> List[torch.Tensor]:
-        """``n`` posterior samples of every layer, ``(E, n, out, in)`` per layer (noise from ``generator``)."""
+    def sample_weights(self, n: int = 1, generator=None) -> List[torch.Tensor]:
+        """``n`` posterior samples of every layer, ``(E, n, out, in)`` per layer; the noise from ``generator``,
+        or member e's from ``generator[e]`` when it is a list of E generators (then a member's samples do not
+        depend on the others)."""
+        if isinstance(generator, (list, tuple)) and len(generator) != self.copies:
+            raise ValueError(f"generator: a list of generators needs one per member ({self.copies}), got "
+                             f"{len(generator)}")
         ws = []
         for i, (mean, st) in enumerate(zip(self.means, self.state)):
-            z = torch.randn((self.copies, n) + tuple(mean.shape[1:]), generator=generator, dtype=mean.dtype,
-                            device=mean.device) * self.posterior_variance(i).sqrt().unsqueeze(1)
+            shape = (n,) + tuple(mean.shape[1:])
+            if isinstance(generator, (list, tuple)):
+                z = torch.stack([torch.randn(shape, generator=g, dtype=mean.dtype, device=mean.device)
+                                 for g in generator])
+            else:
+                z = torch.randn((self.copies,) + shape, generator=generator, dtype=mean.dtype, device=mean.device)
+            z = z * self.posterior_variance(i).sqrt().unsqueeze(1)
             ws.append(mean.unsqueeze(1) + st["q_g"].unsqueeze(1) @ z @ st["q_a"].mT.unsqueeze(1))
         return ws
 
@@ -195,8 +205,9 @@ class _BatchedNoisyKronecker:
         return h.view(self.copies, n, *h.shape[1:])
 
     @torch.no_grad()
-    def predict(self, inputs: torch.Tensor, n_samples: int = 10, generator: Optional[torch.Generator] = None):
-        """Network outputs at ``n_samples`` posterior samples, ``(E, n_samples, N, outputs)``."""
+    def predict(self, inputs: torch.Tensor, n_samples: int = 10, generator=None):
+        """Network outputs at ``n_samples`` posterior samples, ``(E, n_samples, N, outputs)`` (``generator`` as in
+        ``sample_weights``)."""
         if not (isinstance(n_samples, int) and n_samples >= 1):
             raise ValueError(f"n_samples must be a positive integer, got {n_samples!r}")
         return self.forward(inputs, self.sample_weights(n_samples, generator))
