@@ -326,8 +326,11 @@ class _BatchedNoisyKronecker:
             so = torch.from_numpy(np.stack([keys.reshape(-1), np.zeros(E * P, dtype=np.int64)], 1)).to(mean.device)
             out, inn = mean.shape[1:]
             z = NOISE_KEYED(self.posterior_variance(i).unsqueeze(1), [E, P, out, inn], so, 0.5)
-            w = torch.matmul(torch.matmul(st["q_g"].unsqueeze(1), z), st["q_a"].mT.unsqueeze(1)) + mean.unsqueeze(1)
-            ws.append(w.view(E * P, out, inn))
+            # Q_G Z_p Q_A^T + M for every sample p as two GEMMs per member: (Z Q_A^T) over the stacked rows of the
+            # samples, then Q_G times the samples side by side
+            y = torch.bmm(z.view(E, P * out, inn), st["q_a"].mT).view(E, P, out, inn).transpose(1, 2)
+            w = torch.bmm(st["q_g"], y.reshape(E, out, P * inn)).view(E, out, P, inn).add_(mean.unsqueeze(2))
+            ws.append(w.transpose(1, 2).reshape(E * P, out, inn))
         return ws
 
     def _output_grads(self, f, targets, tau, h, c, B):
@@ -343,11 +346,11 @@ class _BatchedNoisyKronecker:
             diff = fl - y
             sq = diff.pow(2).sum((1, 2)).view(E, P)
             t = tau.reshape(E * P, 1, 1)
-            eps = []
-            for s in lab:
+            eps = torch.empty_like(fl)
+            for r, s in enumerate(lab):  # (normal_ fills as torch.randn draws: NoisyKFAC's sampled targets)
                 gen.manual_seed(s)
-                eps.append(torch.randn(fl.shape[1:], generator=gen, dtype=f.dtype, device=f.device))
-            go_stat = torch.stack(eps) * (-t.sqrt())
+                eps[r].normal_(generator=gen)
+            go_stat = eps.mul_(-t.sqrt())
             return 0.5 * tau * sq, sq, diff * (t / B), go_stat
         ys = targets.reshape(E * P, c)
         k = f.shape[-1]
