@@ -94,3 +94,12 @@ def _restore_rng_state():
     torch.set_rng_state(cpu)
     if cuda is not None:
         torch.cuda.set_rng_state_all(cuda)
+
+
+@pytest.fixture
+def one_thread():
+    """Small models: one intra-op thread (several threads on a loaded 2-core machine are many times slower)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -548,3 +548,43 @@ def test_uci_random10_run_and_no_mixing_of_protocols(tmp_path):
     assert uci.seed_for("aaa", "map", 0, "random10") != uci.seed_for("aaa", "map", 0)
     with pytest.raises(SystemExit):
         cli.main(base)
+
+
+def test_uci_paper_preset_smoke_and_no_mixing(tmp_path):
+    """--preset paper on a fake data set: the authors' recipe's three methods train the splits as one batched
+    model, the results record the preset, a reported split equals the same split reported among others, and a
+    run of our own recipe into the same folder is refused rather than mixed."""
+    data_dir, out = tmp_path / "uci", tmp_path / "o"
+    _fake_uci(data_dir, name="aaa", seed=2)
+    base = ["uci", "--data-dir", str(data_dir), "--epochs", "2", "--jobs", "1", "--datasets", "aaa"]
+    cli.main(base + ["--preset", "paper", "--splits", "0-2", "--out", str(out)])
+    res = json.loads((out / "uci.json").read_text())
+    assert res["settings"]["preset"] == "paper" and res["settings"]["split_protocol"] == "random10"
+    assert set(res["datasets"]["aaa"]) == {"noisy-ekfac", "noisy-kfac", "bbb"}
+    for r in res["datasets"]["aaa"].values():
+        assert len(r["test_ll"]) == 3 and all(math.isfinite(v) for v in r["test_ll"] + r["rmse"])
+    assert "The authors' recipe" in (out / "uci.md").read_text()
+    cli.main(base + ["--preset", "paper", "--splits", "1", "--methods", "noisy-ekfac", "--out", str(tmp_path / "one")])
+    one = json.loads((tmp_path / "one" / "uci.json").read_text())["datasets"]["aaa"]["noisy-ekfac"]
+    assert one["test_ll"] == [res["datasets"]["aaa"]["noisy-ekfac"]["test_ll"][1]]
+    with pytest.raises(SystemExit):
+        cli.main(base + ["--methods", "map", "--out", str(out)])
+    with pytest.raises(SystemExit):
+        cli.main(base + ["--preset", "paper", "--methods", "map", "--out", str(tmp_path / "x")])
+
+
+@pytest.mark.parametrize("a", [0.4, 1.0, 6.0, 250.0])
+def test_uci_paper_gamma_draws(a):
+    """The noise-precision sampler (Marsaglia-Tsang, per-member generators): mean a and variance a of Gamma(a, 1)
+    within 5 standard errors over 40000 draws (SE of the mean sqrt(a / n); of the variance sqrt((m4 - a^2) / n)
+    with m4 = 3a^2 + 6a the fourth central moment), and a member's draws do not depend on the other members."""
+    from vmfdist.experiments.uci_paper import gamma_draws
+
+    n = 40000
+    gens = [torch.Generator().manual_seed(k) for k in range(3)]
+    x = gamma_draws(torch.tensor([a, 2.0, a]), n, gens)
+    for row in (x[0], x[2]):
+        assert abs(float(row.mean()) - a) < 5 * math.sqrt(a / n)
+        assert abs(float(row.var()) - a) < 5 * math.sqrt((3 * a * a + 6 * a - a * a) / n)
+    alone = gamma_draws(torch.tensor([a]), n, [torch.Generator().manual_seed(2)])
+    assert torch.equal(alone[0], x[2])

@@ -15,15 +15,6 @@ from .shared_data import UCI_DIR
 DT = torch.float64
 
 
-@pytest.fixture
-def one_thread():
-    """Small models: one intra-op thread (several threads on a loaded 2-core machine are many times slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _blr_problem(N=200, d=4, sigma=0.5, eta=0.5, seed=0):
     g = torch.Generator().manual_seed(seed)
     X = torch.randn(N, d, generator=g, dtype=DT)

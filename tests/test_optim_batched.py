@@ -1,6 +1,6 @@
 """vmfdist.optim.batched: E models trained as one batched model equal E unbatched optimizers with the same
 seeds (to rounding), a step with per-sample noise precisions against dense linear algebra, the keyed noise op
-against kron_eigen_noise, and the errors."""
+against kron_eigen_noise, and the errors. """
 import copy
 
 import pytest
@@ -13,14 +13,6 @@ from vmfdist.optim._step import mix64
 from vmfdist.optim.batched import mix64_array
 
 DT = torch.float64
-
-
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _mlp(seed, d=3, hidden=5, out=1, act=nn.ReLU, bias=True):

@@ -83,9 +83,10 @@ struct CpuBackend : CpuSeeds {
     });
   }
 
-  static void noise(at::Tensor& z, const at::Tensor& s, const BatchOffsets& offs, int64_t out, int64_t in,
-                    const Seed& so, double power) {
-    const uint64_t seed = so.seed, offset = so.offset;
+  // z's rows r = b * out + i (matrix b): stream key_of(b, r, i) = {seed, offset, row} each.
+  template <class KeyOf>
+  static void noise_rows(at::Tensor& z, const at::Tensor& s, const BatchOffsets& offs, int64_t out, int64_t in,
+                         double power, KeyOf key_of) {
     const int64_t rows = z.numel() / in;
     const int64_t grain = std::max<int64_t>(1, 4096 / in);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, z.scalar_type(), "kron_eigen_noise", [&] {
@@ -96,12 +97,21 @@ struct CpuBackend : CpuSeeds {
           isa::dispatch([&] {
             for (int64_t r = begin; r < end; ++r) {
               const int64_t b = r / out, i = r - b * out;
-              noise_row<M, scalar_t>(pz + r * in, ps + offs(b) + i * in, in, seed, offset, static_cast<uint64_t>(r),
-                                     power);
+              const auto [seed, offset, row] = key_of(b, r, i);
+              noise_row<M, scalar_t>(pz + r * in, ps + offs(b) + i * in, in, seed, offset, row, power);
             }
           });
         });
       });
+    });
+  }
+
+  // kron_eigen_noise: one stream (seed, offset), rows counted over the whole tensor.
+  static void noise(at::Tensor& z, const at::Tensor& s, const BatchOffsets& offs, int64_t out, int64_t in,
+                    const Seed& so, double power) {
+    const uint64_t seed = so.seed, offset = so.offset;
+    noise_rows(z, s, offs, out, in, power, [=](int64_t, int64_t r, int64_t) {
+      return std::tuple<uint64_t, uint64_t, uint64_t>{seed, offset, static_cast<uint64_t>(r)};
     });
   }
 
@@ -119,22 +129,10 @@ struct CpuBackend : CpuSeeds {
   // that matrix alone.
   static void noise_keyed(at::Tensor& z, const at::Tensor& s, const BatchOffsets& offs, int64_t out, int64_t in,
                           const int64_t* keys, double power) {
-    const int64_t rows = z.numel() / in;
-    const int64_t grain = std::max<int64_t>(1, 4096 / in);
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, z.scalar_type(), "kron_eigen_noise_keyed", [&] {
-      scalar_t* pz = z.mutable_data_ptr<scalar_t>();
-      const scalar_t* ps = s.const_data_ptr<scalar_t>();
-      kron::dispatch_pow_mode(kron::pow_mode(power), [&]<PowMode M>() {
-        at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-          isa::dispatch([&] {
-            for (int64_t r = begin; r < end; ++r) {
-              const int64_t b = r / out, i = r - b * out;
-              noise_row<M, scalar_t>(pz + r * in, ps + offs(b) + i * in, in, static_cast<uint64_t>(keys[2 * b]),
-                                     static_cast<uint64_t>(keys[2 * b + 1]), static_cast<uint64_t>(i), power);
-            }
-          });
-        });
-      });
+    noise_rows(z, s, offs, out, in, power, [=](int64_t b, int64_t, int64_t i) {
+      return std::tuple<uint64_t, uint64_t, uint64_t>{static_cast<uint64_t>(keys[2 * b]),
+                                                      static_cast<uint64_t>(keys[2 * b + 1]),
+                                                      static_cast<uint64_t>(i)};
     });
   }
 };

@@ -39,14 +39,34 @@ __global__ void scale_mul_kernel(scalar_t* __restrict__ t, const scalar_t* __res
   }
 }
 
+// The Philox stream of row i of matrix b (row r of the tensor): {seed, offset, row}.
+struct RowKey {
+  uint64_t seed, offset, row;
+};
+
+// kron_eigen_noise: one [seed, offset] on the device for the whole tensor, rows counted over it.
+struct SharedStream {
+  const int64_t* seed_offset;
+  __device__ RowKey operator()(int64_t, int64_t r, int64_t) const {
+    const SeedOffset so = load_seed_offset(seed_offset);
+    return {so.seed, so.offset, static_cast<uint64_t>(r)};
+  }
+};
+
+// kron_eigen_noise_keyed: matrix b's own [seed, offset] (offset masked to 48 bits), rows counted within it.
+struct MatrixStreams {
+  const int64_t* keys;
+  __device__ RowKey operator()(int64_t b, int64_t, int64_t i) const {
+    const SeedOffset so = load_seed_offset(keys + 2 * b);
+    return {so.seed, so.offset & ((uint64_t(1) << 48) - 1), static_cast<uint64_t>(i)};
+  }
+};
+
 // One thread per block of four normals of a row.
-template <PowMode M, typename scalar_t>
+template <PowMode M, typename scalar_t, class KeyOf>
 __global__ void noise_kernel(scalar_t* __restrict__ z, const scalar_t* __restrict__ s, BatchOffsets offs,
-                             int64_t out, int64_t in, int64_t rows, const int64_t* __restrict__ seed_offset,
-                             double power) {
+                             int64_t out, int64_t in, int64_t rows, KeyOf key_of, double power) {
   using opmath_t = at::opmath_type<scalar_t>;
-  const SeedOffset so = load_seed_offset(seed_offset);
-  const uint64_t seed = so.seed, offset = so.offset;
   const opmath_t p = static_cast<opmath_t>(power);
   const int64_t nblk = (in + 3) / 4;
   const int64_t n = rows * nblk;
@@ -54,10 +74,11 @@ __global__ void noise_kernel(scalar_t* __restrict__ z, const scalar_t* __restric
     const int64_t r = idx / nblk;
     const int64_t j = idx - r * nblk;
     const int64_t b = r / out, i = r - b * out;
+    const RowKey key = key_of(b, r, i);
     const scalar_t* sr = s + offs(b) + i * in;
     scalar_t* zr = z + r * in;
     opmath_t e[4];
-    kron::noise4<scalar_t, opmath_t>(seed, offset, static_cast<uint64_t>(r), static_cast<uint32_t>(j), e);
+    kron::noise4<scalar_t, opmath_t>(key.seed, key.offset, key.row, static_cast<uint32_t>(j), e);
     for (int k = 0; k < 4; ++k) {
       const int64_t c = 4 * j + k;
       if (c < in) zr[c] = static_cast<scalar_t>(e[k] * kron::spow<M>(static_cast<opmath_t>(sr[c]), p));
@@ -65,30 +86,20 @@ __global__ void noise_kernel(scalar_t* __restrict__ z, const scalar_t* __restric
   }
 }
 
-// kron_eigen_noise_keyed: matrix b = r / out draws from its own (seed, offset), rows counted within it.
-template <PowMode M, typename scalar_t>
-__global__ void noise_keyed_kernel(scalar_t* __restrict__ z, const scalar_t* __restrict__ s, BatchOffsets offs,
-                                   int64_t out, int64_t in, int64_t rows, const int64_t* __restrict__ keys,
-                                   double power) {
-  using opmath_t = at::opmath_type<scalar_t>;
-  const opmath_t p = static_cast<opmath_t>(power);
-  const int64_t nblk = (in + 3) / 4;
-  const int64_t n = rows * nblk;
-  for (int64_t idx : launch::grid_stride(n)) {
-    const int64_t r = idx / nblk;
-    const int64_t j = idx - r * nblk;
-    const int64_t b = r / out, i = r - b * out;
-    const SeedOffset so = load_seed_offset(keys + 2 * b);
-    const scalar_t* sr = s + offs(b) + i * in;
-    scalar_t* zr = z + r * in;
-    opmath_t e[4];
-    kron::noise4<scalar_t, opmath_t>(so.seed, so.offset & ((uint64_t(1) << 48) - 1), static_cast<uint64_t>(i),
-                                     static_cast<uint32_t>(j), e);
-    for (int k = 0; k < 4; ++k) {
-      const int64_t c = 4 * j + k;
-      if (c < in) zr[c] = static_cast<scalar_t>(e[k] * kron::spow<M>(static_cast<opmath_t>(sr[c]), p));
-    }
-  }
+template <class KeyOf>
+void launch_noise(at::Tensor& z, const at::Tensor& s, const BatchOffsets& offs, int64_t out, int64_t in, double power,
+                  KeyOf key_of) {
+  const c10::cuda::CUDAGuard guard(z.device());
+  const int64_t rows = z.numel() / in;
+  const int64_t n = rows * ((in + 3) / 4);
+  if (n == 0) return;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, z.scalar_type(), "kron_eigen_noise", [&] {
+    kron::dispatch_pow_mode(kron::pow_mode(power), [&]<PowMode M>() {
+      noise_kernel<M, scalar_t, KeyOf><<<blocks_for(n), kThreads, 0, launch::stream()>>>(
+          z.mutable_data_ptr<scalar_t>(), s.const_data_ptr<scalar_t>(), offs, out, in, rows, key_of, power);
+    });
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 struct CudaBackend : CudaSeeds {
@@ -109,17 +120,7 @@ struct CudaBackend : CudaSeeds {
   // [seed, offset] stays on the device (CudaSeeds, random_state.cuh): the kernels read it there.
   static void noise(at::Tensor& z, const at::Tensor& s, const BatchOffsets& offs, int64_t out, int64_t in,
                     const Seed& seed_offset, double power) {
-    const c10::cuda::CUDAGuard guard(z.device());
-    const int64_t rows = z.numel() / in;
-    const int64_t n = rows * ((in + 3) / 4);
-    if (n == 0) return;
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, z.scalar_type(), "kron_eigen_noise", [&] {
-      kron::dispatch_pow_mode(kron::pow_mode(power), [&]<PowMode M>() {
-        noise_kernel<M, scalar_t><<<blocks_for(n), kThreads, 0, launch::stream()>>>(
-            z.mutable_data_ptr<scalar_t>(), s.const_data_ptr<scalar_t>(), offs, out, in, rows, seed_offset, power);
-      });
-    });
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_noise(z, s, offs, out, in, power, SharedStream{seed_offset});
   }
 
   // The keys stay on the device; reading them here would synchronise (the kernel masks the offset).
@@ -127,17 +128,7 @@ struct CudaBackend : CudaSeeds {
 
   static void noise_keyed(at::Tensor& z, const at::Tensor& s, const BatchOffsets& offs, int64_t out, int64_t in,
                           const int64_t* keys, double power) {
-    const c10::cuda::CUDAGuard guard(z.device());
-    const int64_t rows = z.numel() / in;
-    const int64_t n = rows * ((in + 3) / 4);
-    if (n == 0) return;
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, z.scalar_type(), "kron_eigen_noise_keyed", [&] {
-      kron::dispatch_pow_mode(kron::pow_mode(power), [&]<PowMode M>() {
-        noise_keyed_kernel<M, scalar_t><<<blocks_for(n), kThreads, 0, launch::stream()>>>(
-            z.mutable_data_ptr<scalar_t>(), s.const_data_ptr<scalar_t>(), offs, out, in, rows, keys, power);
-      });
-    });
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_noise(z, s, offs, out, in, power, MatrixStreams{keys});
   }
 };
 

@@ -252,15 +252,12 @@ at::Tensor kron_eigen_matvec_impl(const at::Tensor& q_out_in, const at::Tensor& 
   return res.view(shape);
 }
 
-// `seed_offset` is the backend's view of the pair (Backend::Seed: the values on the CPU,
-// a pointer to the device tensor on CUDA), checked by the caller.
-template <class Backend>
-at::Tensor kron_eigen_noise_impl(const at::Tensor& variance, at::IntArrayRef size,
-                                 const typename Backend::Seed& seed_offset, double power) {
-  constexpr const char* op = "kron_eigen_noise";
+// The size and variance of kron_eigen_noise / kron_eigen_noise_keyed: (out, in) of the last two
+// dimensions of `size`; variance floating and broadcasting to `size`; power finite.
+inline std::pair<int64_t, int64_t> check_noise_args(const char* op, const at::Tensor& variance, at::IntArrayRef size,
+                                                    double power) {
   TORCH_CHECK(size.size() >= 2, op, ": size must have at least 2 dimensions (..., out, in), got ", size);
   for (const int64_t x : size) TORCH_CHECK(x >= 0, op, ": size must be non-negative, got ", size);
-  const int64_t out = size[size.size() - 2], in = size[size.size() - 1];
   TORCH_CHECK(variance.dim() >= 2, op, ": variance must have at least 2 dimensions, got shape ", variance.sizes());
   TORCH_CHECK(at::isFloatingType(variance.scalar_type()), op, ": variance must be a floating tensor, got dtype ",
               variance.scalar_type());
@@ -271,9 +268,18 @@ at::Tensor kron_eigen_noise_impl(const at::Tensor& variance, at::IntArrayRef siz
     ok = (a == b || a == 1);
   }
   TORCH_CHECK(ok, op, ": variance of shape ", variance.sizes(), " does not broadcast to size ", size);
+  return {size[size.size() - 2], size[size.size() - 1]};
+}
+
+// `seed_offset` is the backend's view of the pair (Backend::Seed: the values on the CPU,
+// a pointer to the device tensor on CUDA), checked by the caller.
+template <class Backend>
+at::Tensor kron_eigen_noise_impl(const at::Tensor& variance, at::IntArrayRef size,
+                                 const typename Backend::Seed& seed_offset, double power) {
+  constexpr const char* op = "kron_eigen_noise";
+  const auto [out, in] = check_noise_args(op, variance, size, power);
   const at::IntArrayRef prefix = size.slice(0, size.size() - 2);
-  const int64_t rows = prod(prefix) * out;
-  check_noise_range(op, rows, in);
+  check_noise_range(op, prod(prefix) * out, in);
   at::Tensor z = at::empty(size, variance.options());
   if (z.numel() == 0) return z;
   const auto [s, offs] = prepare_scale(variance, variance.scalar_type(), prefix, out, in);
@@ -288,19 +294,7 @@ template <class Backend>
 at::Tensor kron_eigen_noise_keyed_impl(const at::Tensor& variance, at::IntArrayRef size, const at::Tensor& keys_in,
                                        double power) {
   constexpr const char* op = "kron_eigen_noise_keyed";
-  TORCH_CHECK(size.size() >= 2, op, ": size must have at least 2 dimensions (..., out, in), got ", size);
-  for (const int64_t x : size) TORCH_CHECK(x >= 0, op, ": size must be non-negative, got ", size);
-  const int64_t out = size[size.size() - 2], in = size[size.size() - 1];
-  TORCH_CHECK(variance.dim() >= 2, op, ": variance must have at least 2 dimensions, got shape ", variance.sizes());
-  TORCH_CHECK(at::isFloatingType(variance.scalar_type()), op, ": variance must be a floating tensor, got dtype ",
-              variance.scalar_type());
-  TORCH_CHECK(std::isfinite(power), op, ": power must be finite, got ", power);
-  bool ok = variance.dim() <= static_cast<int64_t>(size.size());
-  for (int64_t k = 1; ok && k <= variance.dim(); ++k) {
-    const int64_t a = variance.size(-k), b = size[size.size() - k];
-    ok = (a == b || a == 1);
-  }
-  TORCH_CHECK(ok, op, ": variance of shape ", variance.sizes(), " does not broadcast to size ", size);
+  const auto [out, in] = check_noise_args(op, variance, size, power);
   const at::IntArrayRef prefix = size.slice(0, size.size() - 2);
   const int64_t m = prod(prefix);
   TORCH_CHECK(keys_in.scalar_type() == at::kLong && keys_in.dim() == 2 && keys_in.size(0) == m && keys_in.size(1) == 2,

@@ -35,7 +35,7 @@ import torch
 from .. import nn as bnn
 from ..laplace import KFACLaplace
 from ..optim import NoisyEKFAC, NoisyKFAC
-from . import _common
+from . import _common, uci_paper
 from .uci_data import (ALIASES, DATA_HELP, LARGE, NAVAL_TARGETS, SPLIT_PROTOCOLS, Split, UCIData,  # noqa: F401
                        list_datasets, load_dataset, make_split, short_name, validation_split, with_protocol)
 
@@ -412,8 +412,6 @@ def _paper_task(data_dir: str, name: str, method: str, splits: List[int], epochs
     numbers depend only on its own random streams, but batched ``eigh`` and matrix products round differently
     with the number of members, and over 1000 epochs a rounding-level difference grows to the second
     decimal -- so a re-run of one split reproduces the recorded number only within the same batch.)"""
-    from . import uci_paper
-
     data = with_protocol(load_dataset(name, data_dir, naval_target), protocol)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -479,11 +477,10 @@ def run(args) -> dict:
     protocol = getattr(args, "split_protocol", None) or ("random10" if paper else "standard")
     naval_target = getattr(args, "naval_target", None) or ("turbine" if paper else "compressor")
     if paper:
-        from .uci_paper import PAPER, PAPER_METHODS
-        methods = args.methods or list(PAPER_METHODS)
+        methods = args.methods or list(uci_paper.PAPER_METHODS)
         for m in methods:
-            if m not in PAPER_METHODS:
-                raise ValueError(f"--methods: --preset paper runs {', '.join(PAPER_METHODS)}, not {m!r}")
+            if m not in uci_paper.PAPER_METHODS:
+                raise ValueError(f"--methods: --preset paper runs {', '.join(uci_paper.PAPER_METHODS)}, not {m!r}")
         if overrides or validation:
             raise ValueError("--preset paper is the authors' recipe: --set and --validation do not apply to it")
     if protocol not in SPLIT_PROTOCOLS:
@@ -499,7 +496,7 @@ def run(args) -> dict:
         "split_protocol": protocol, "naval_target": naval_target,
         "methods": {m: settings_for("", m, overrides) for m in methods}}, "meta": meta}
     if paper:
-        results["settings"].update(preset="paper", particle_batch=particle_batch, paper=dict(PAPER),
+        results["settings"].update(preset="paper", particle_batch=particle_batch, paper=dict(uci_paper.PAPER),
                                    batch="10 (<= 5000 train), else 100", methods={m: "paper" for m in methods})
     # fail early on a bad name
     datasets = [with_protocol(load_dataset(name, args.data_dir, naval_target), protocol) for name in names]
@@ -539,7 +536,7 @@ def run(args) -> dict:
                     res[m] = {"split": list(splits), "test_ll": [r["test_ll"] for r in per_split],
                               "rmse": [r["rmse"] for r in per_split],
                               "settings": {"preset": "paper", "particle_batch": particle_batch,
-                                           "epochs": PAPER["epochs"] if args.epochs is None else args.epochs}}
+                                           "epochs": uci_paper.PAPER["epochs"] if args.epochs is None else args.epochs}}
                     results["task_seconds"][f"{data.name}/{m}"] = round(secs, 2)
                     continue
                 hp = settings_for(data.name, m, overrides)
