@@ -9,8 +9,8 @@ compiled ``kron_eigen_noise_keyed`` op for the weight noise of all members and s
 networks (the UCI regression MLPs) a step of ``E`` members costs little more than a step of one:
 the unbatched optimizer's time is the per-op overhead of a few hundred small ops, paid once here.
 
-Member ``e`` follows exactly the algorithm of :class:`~vmfdist.optim.NoisyKFAC` /
-:class:`~vmfdist.optim.NoisyEKFAC` with ``seed=seeds[e]`` (the same random streams: the same weight
+Member ``e`` follows exactly the algorithm of :class:`~vmfdist.optim.noisy.NoisyKFAC` /
+:class:`~vmfdist.optim.noisy.NoisyEKFAC` with ``seed=seeds[e]`` (the same random streams: the same weight
 noise and sampled labels), so it equals an unbatched optimizer on that member's batches to rounding
 (``tests/test_optim_batched.py``).  The models must be ``nn.Sequential`` stacks of ``nn.Linear``
 layers and elementwise activations (``ReLU``, ``Tanh``, ``Sigmoid``, ``GELU``, ``SiLU``, ``ELU``,
@@ -20,7 +20,7 @@ Beyond the unbatched optimizer, ``step(..., precision=tau)`` takes a noise preci
 weight sample (regression): each sample's likelihood is :math:`\mathcal N(y \mid f(x; W_p), 1/\tau_p)`,
 in the loss gradient and in the sampled-label statistics alike -- the authors' regression code draws
 one :math:`\tau_p` per weight sample from the Gamma posterior over the noise precision
-(:class:`vmfdist.nn.BatchedGammaPrecision`).
+(``vmfdist.experiments.uci_paper``).
 """
 from __future__ import annotations
 
@@ -37,13 +37,13 @@ from ..linalg import kron_eigen_noise_keyed_op as NOISE_KEYED
 from ._step import MASK63, MIX_START, kfac_rescaling, plan_step
 from .settings import check_step_options, resolve_hyperparameters
 
-__all__ = ["BatchedNoisyKFAC", "BatchedNoisyEKFAC", "mix64_array"]
+__all__ = ["BatchedNoisyKFAC", "BatchedNoisyEKFAC"]
 
 _ACTIVATIONS = (nn.ReLU, nn.Tanh, nn.Sigmoid, nn.GELU, nn.SiLU, nn.ELU, nn.LeakyReLU, nn.Softplus, nn.Identity)
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
-def mix64_array(h: np.ndarray, *xs) -> np.ndarray:
+def mix64_array(h, *xs):
     """``_step.mix64_state`` elementwise over a ``uint64`` array of states (the same values)."""
     with np.errstate(over="ignore"):
         for x in xs:
@@ -87,7 +87,7 @@ def _structure(models) -> list:
 class _BatchedNoisyKronecker:
     _ekfac = False
 
-    def __init__(self, models: Sequence[nn.Sequential], num_data: int, likelihood: str = "regression", *,
+    def __init__(self, models: Sequence, num_data: int, likelihood: str = "regression", *,
                  sigma_noise: float = 1.0, preset: Optional[str] = None, lr: Optional[float] = None,
                  kl_weight: Optional[float] = None, prior_var: Optional[float] = None,
                  damping: Optional[float] = None, beta: Optional[float] = None, beta_scale: Optional[float] = None,
@@ -130,7 +130,7 @@ class _BatchedNoisyKronecker:
         linears = [[m for m in model if isinstance(m, nn.Linear)] for model in self.models]
         w0 = linears[0][0].weight
         kw = dict(dtype=w0.dtype, device=w0.device)
-        #: per layer: the stacked means (E, out, in + has_bias) and the state (A, G, bases, pi (E, 1), S, m)
+        # per layer: the stacked means (E, out, in + has_bias) and the state (A, G, bases, pi (E, 1), S, m)
         self.means: List[torch.Tensor] = [torch.stack([weight_matrix(ls[i]) for ls in linears]).contiguous()
                                           for i in range(len(linears[0]))]
         self.state: List[dict] = []
@@ -263,7 +263,7 @@ class _BatchedNoisyKronecker:
     def step(self, inputs: torch.Tensor, targets: torch.Tensor, precision: Optional[torch.Tensor] = None) -> torch.Tensor:
         """One step of every member on its batch: ``inputs`` ``(E, B, d)``, ``targets`` ``(E, B)`` (class
         indices, or one regression output) or ``(E, B, outputs)``; ``B`` divisible by ``particles``,
-        sample ``p`` of member ``e`` on rows ``[p B/P, (p+1) B/P)`` as :class:`NoisyKFAC` shares its batch
+        sample ``p`` of member ``e`` on rows ``[p B/P, (p+1) B/P)`` as ``NoisyKFAC`` shares its batch
         (give each sample the whole batch by repeating it ``particles`` times).  ``precision``:
         regression noise precisions broadcastable to ``(E, particles)`` (default ``sigma_noise**-2``).
         Returns each member's mean negative log-likelihood at the sampled weights, ``(E,)``; also sets
@@ -478,7 +478,7 @@ class _BatchedNoisyKronecker:
 
 
 class BatchedNoisyKFAC(_BatchedNoisyKronecker):
-    """Noisy K-FAC (:class:`~vmfdist.optim.NoisyKFAC`) for ``E`` models of one MLP architecture at once.
+    """Noisy K-FAC (:class:`~vmfdist.optim.noisy.NoisyKFAC`) for ``E`` models of one MLP architecture at once.
 
     Args:
         models: ``E`` ``nn.Sequential`` models of ``nn.Linear`` layers and elementwise activations, one
@@ -486,8 +486,8 @@ class BatchedNoisyKFAC(_BatchedNoisyKronecker):
             the trained means into them).
         num_data: the training-set size :math:`N` (the same for every member).
         seeds: one per model (member ``e`` draws the streams of ``NoisyKFAC(seed=seeds[e])``).
-        Others as :class:`~vmfdist.optim.NoisyKFAC` (``lr`` is the attribute ``lr``); only
-        ``fisher_type="mc"`` on one process, no ``other_optimizer`` (every parameter is in a layer).
+        others: as :class:`~vmfdist.optim.noisy.NoisyKFAC` (``lr`` is the attribute ``lr``); only
+            ``fisher_type="mc"`` on one process, no ``other_optimizer`` (every parameter is in a layer).
 
     ``step(inputs (E, B, d), targets (E, B[, k]), precision=None)`` returns each member's mean
     negative log-likelihood; ``predict(x, n_samples)`` gives ``(E, n_samples, N, outputs)``.
@@ -496,6 +496,6 @@ class BatchedNoisyKFAC(_BatchedNoisyKronecker):
 
 
 class BatchedNoisyEKFAC(_BatchedNoisyKronecker):
-    """Noisy EK-FAC (:class:`~vmfdist.optim.NoisyEKFAC`) for ``E`` models of one MLP architecture at once;
+    """Noisy EK-FAC (:class:`~vmfdist.optim.noisy.NoisyEKFAC`) for ``E`` models of one MLP architecture at once;
     arguments as :class:`BatchedNoisyKFAC` plus ``beta_scale``, ``T_scale``, ``T_reinit``."""
     _ekfac = True
