@@ -1,6 +1,6 @@
 """Batched noisy K-FAC / EK-FAC (vmfdist.optim.BatchedNoisy*) against the unbatched optimizer, per step of the
 authors' UCI recipe (issue 26): E = 10 members (the splits of a data set), 10 weight samples per step,
-PRESETS["uci_paper"], float32, one thread.
+PRESETS["uci_paper"], float32, the threads of the run (recorded: ``--threads 1``, as the experiment's tasks).
 
 Jobs: ``small`` (13 -> 50 -> 1, batch 10: Boston's shape), ``large`` (9 -> 100 -> 1, batch 100: protein's).
 Modes: ``whole`` (each weight sample on the whole batch, as the authors: batch repeated 10 times) and
@@ -81,7 +81,6 @@ def _fns(job, mode, ekfac, steps):
 def run(args):
     rounds = args.repeats or (3 if args.quick else 7)
     steps = 3 if args.quick else 10
-    torch.set_num_threads(1)
     meta = H.meta(args, rounds=rounds, steps=steps)
     rows = {}
     for job in JOBS:
@@ -96,9 +95,9 @@ def run(args):
 def render(res):
     m, r = res["meta"], res["rows"]
     L = H.header(res, "Benchmark: batched noisy K-FAC / EK-FAC (E = 10 members, 10 samples)",
-                 "python -m benchmarks.run batched", "batched")
+                 "python -m benchmarks.run batched --threads 1", "batched")
     L.append(f"- Time per step of all 10 members, min (median) over {m['rounds']} interleaved rounds of "
-             f"{m['steps']} steps; float32, CPU, one thread; PRESETS['uci_paper'].\n")
+             f"{m['steps']} steps; float32, CPU, {m['threads']} thread(s); PRESETS['uci_paper'].\n")
     t = H.Table("job", "mode", "optimizer", "batched", "unbatched x10", "speed-up", "batched E=1 (floor)",
                 "model only")
     for key, rr in r.items():

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import concurrent.futures
+import contextlib
 import math
 import multiprocessing
 import os
@@ -333,7 +334,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ours: the settings tuned here (SETTINGS, DATASET_SETTINGS); paper: the authors' recipe "
                         "(vmfdist.experiments.uci_paper: lambda 1, 1000 epochs, 10 weight samples, Gamma noise "
                         "posterior by Adam; noisy-ekfac, noisy-kfac and bbb; a data set's splits as one batched model)")
-    p.add_argument("--particle-batch", default="whole", choices=("whole", "share"),
+    p.add_argument("--particle-batch", default="whole", choices=uci_paper.PARTICLE_BATCHES,
                    help="--preset paper: each of the 10 weight samples of a step sees the whole batch (the authors) "
                         "or a tenth of it (10x cheaper)")
     p.add_argument("--split-protocol", default=None, choices=SPLIT_PROTOCOLS,
@@ -384,6 +385,17 @@ def parse_settings(items: Optional[List[str]]) -> Dict[str, Dict[str, float]]:
     return out
 
 
+@contextlib.contextmanager
+def _one_thread():
+    """A task runs on one thread (its numbers then do not depend on --jobs), the count restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _task(data_dir: str, name: str, method: str, split: int, epochs: Optional[int], validation: bool = False,
           overrides: Optional[Dict[str, Dict[str, float]]] = None, protocol: str = "standard",
           naval_target: str = "compressor") -> Tuple[Dict[str, float], float]:
@@ -392,20 +404,16 @@ def _task(data_dir: str, name: str, method: str, split: int, epochs: Optional[in
         _DATA_CACHE.clear()  # one data set at a time per worker
         _DATA_CACHE[key] = with_protocol(load_dataset(name, data_dir, naval_target), protocol)
     data = _DATA_CACHE[key]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with _one_thread():
         t0 = time.perf_counter()
         seed = seed_for(data.name, _SEED_OF.get(method, method), split, protocol)
         hp = settings_for(data.name, method, overrides)
         sp = validation_split(data, split) if validation else make_split(data, split)
         r = METHODS[method](sp, epochs_for(data, hp, epochs), seed, hp)
         return r, time.perf_counter() - t0
-    finally:
-        torch.set_num_threads(threads)
 
 
-def _paper_task(data_dir: str, name: str, method: str, splits: List[int], epochs: Optional[int], protocol: str,
+def _paper_task(data_dir: str, name: str, method: str, splits: List[int], epochs: int, protocol: str,
                 naval_target: str, particle_batch: str) -> Tuple[List[Dict[str, float]], float]:
     """One (data set, method) of ``--preset paper``: every split of the protocol as one member of one batched
     model, one thread; the metrics of ``splits``.  (Every split trains, whichever are reported: a member's
@@ -413,17 +421,12 @@ def _paper_task(data_dir: str, name: str, method: str, splits: List[int], epochs
     with the number of members, and over 1000 epochs a rounding-level difference grows to the second
     decimal -- so a re-run of one split reproduces the recorded number only within the same batch.)"""
     data = with_protocol(load_dataset(name, data_dir, naval_target), protocol)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with _one_thread():
         members = list(range(len(data.splits)))
         sps = [make_split(data, k) for k in members]
         seeds = [seed_for(data.name, "paper-" + method, k, protocol) for k in members]
-        res, secs = uci_paper.train(method, sps, uci_paper.PAPER["epochs"] if epochs is None else epochs, seeds,
-                                    particle_batch)
+        res, secs = uci_paper.train(method, sps, epochs, seeds, particle_batch)
         return [res[k] for k in splits], secs
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _worker_init(parent: int) -> None:
@@ -477,6 +480,7 @@ def run(args) -> dict:
     protocol = getattr(args, "split_protocol", None) or ("random10" if paper else "standard")
     naval_target = getattr(args, "naval_target", None) or ("turbine" if paper else "compressor")
     if paper:
+        paper_epochs = uci_paper.PAPER["epochs"] if args.epochs is None else args.epochs
         methods = args.methods or list(uci_paper.PAPER_METHODS)
         for m in methods:
             if m not in uci_paper.PAPER_METHODS:
@@ -516,7 +520,7 @@ def run(args) -> dict:
         queued = []
         for data, splits in zip(datasets, split_lists):
             if paper:  # one task per (data set, method): its splits are one batched model
-                futs = {(m, None): pool.submit(_paper_task, args.data_dir, data.name, m, splits, args.epochs, protocol,
+                futs = {(m, None): pool.submit(_paper_task, args.data_dir, data.name, m, splits, paper_epochs, protocol,
                                                naval_target, particle_batch) for m in order}
             else:
                 futs = {(m, k): pool.submit(_task, args.data_dir, data.name, m, k, args.epochs, validation, overrides,
@@ -536,7 +540,7 @@ def run(args) -> dict:
                     res[m] = {"split": list(splits), "test_ll": [r["test_ll"] for r in per_split],
                               "rmse": [r["rmse"] for r in per_split],
                               "settings": {"preset": "paper", "particle_batch": particle_batch,
-                                           "epochs": uci_paper.PAPER["epochs"] if args.epochs is None else args.epochs}}
+                                           "epochs": paper_epochs}}
                     results["task_seconds"][f"{data.name}/{m}"] = round(secs, 2)
                     continue
                 hp = settings_for(data.name, m, overrides)

@@ -128,12 +128,21 @@ class _NoisePosterior:
     def update(self, mse: torch.Tensor) -> None:
         a0, b0 = PAPER["gamma_prior"]
         a, b = self.log_a.exp(), self.log_b.exp()
-        e_tau, e_log_tau = a / b, torch.digamma(a) - torch.log(b)
-        loss = (0.5 * (e_tau * mse.detach().double() - e_log_tau)
-                + PAPER["kl_weight"] * _gamma_kl(a, b, a0, b0) / self.num_data).sum()
+        loss = (_expected_nll(a, b, mse.detach()) + PAPER["kl_weight"] * _gamma_kl(a, b, a0, b0) / self.num_data).sum()
         self.opt.zero_grad()
         loss.backward()
         self.opt.step()
+
+
+def _streams(seeds: List[int], k: int) -> List[torch.Generator]:
+    """Each member's generator of stream ``k``, seeded mix64(seed, k): 2 batches, 3 training tau, 4 test weights,
+    5 BBB's training weights, 6 test tau."""
+    return [torch.Generator().manual_seed(mix64(s, k)) for s in seeds]
+
+
+def _expected_nll(a: torch.Tensor, b: torch.Tensor, sq: torch.Tensor) -> torch.Tensor:
+    """E_q(tau)[-log N(y | f, 1/tau)] for q = Gamma(a, b) and mean squared residual ``sq``, per member."""
+    return 0.5 * (math.log(2 * math.pi) - (torch.digamma(a) - torch.log(b)) + (a / b) * sq.double())
 
 
 def _tau_draws(a: torch.Tensor, b: torch.Tensor, n: int, gens: List[torch.Generator]) -> torch.Tensor:
@@ -161,8 +170,8 @@ def _metrics(splits: List[Split], f: torch.Tensor, tau: torch.Tensor) -> List[Di
     return out
 
 
-def train_noisy(splits: List[Split], ekfac: bool, epochs: int, seeds: List[int], particle_batch: str = "whole",
-                progress=None) -> List[Dict[str, float]]:
+def train_noisy(splits: List[Split], ekfac: bool, epochs: int, seeds: List[int],
+                particle_batch: str = "whole") -> List[Dict[str, float]]:
     """Noisy (E)K-FAC by the authors' recipe on the splits of one data set, one member per split."""
     X, Y = _stack(splits)
     E, n, d = X.shape
@@ -175,10 +184,10 @@ def train_noisy(splits: List[Split], ekfac: bool, epochs: int, seeds: List[int],
     opt = cls(models, n, "regression", preset="uci_paper", particles=P, total_steps=steps, seeds=seeds,
               T_inv=interval, T_reinit=interval)
     noise = _NoisePosterior(seeds, n)
-    gens = [torch.Generator().manual_seed(mix64(s, 2)) for s in seeds]
-    tau_gens = [torch.Generator().manual_seed(mix64(s, 3)) for s in seeds]
+    gens = _streams(seeds, 2)
+    tau_gens = _streams(seeds, 3)
     rows = torch.arange(E)[:, None]
-    for ep in range(epochs):
+    for _ in range(epochs):
         for idx in _batches(n, batch, gens):
             xb, yb = X[rows, idx], Y[rows, idx]
             if particle_batch == "whole":
@@ -190,16 +199,14 @@ def train_noisy(splits: List[Split], ekfac: bool, epochs: int, seeds: List[int],
             tau = noise.sample(P, tau_gens)
             opt.step(xb, yb, precision=tau.to(DT))
             noise.update(opt.last_sq_error)
-        if progress is not None:
-            progress(ep)
     S = PAPER["test_samples"]
     Xt = torch.stack([s.x_test for s in splits]).to(DT)
-    f = opt.predict(Xt, S, [torch.Generator().manual_seed(mix64(s, 4)) for s in seeds])[..., 0]  # (E, S, N)
-    return _metrics(splits, f, noise.sample(S, [torch.Generator().manual_seed(mix64(s, 6)) for s in seeds]))
+    f = opt.predict(Xt, S, _streams(seeds, 4))[..., 0]  # (E, S, N)
+    return _metrics(splits, f, noise.sample(S, _streams(seeds, 6)))
 
 
-def train_bbb(splits: List[Split], epochs: int, seeds: List[int], particle_batch: str = "whole",
-              progress=None) -> List[Dict[str, float]]:
+def train_bbb(splits: List[Split], epochs: int, seeds: List[int],
+              particle_batch: str = "whole") -> List[Dict[str, float]]:
     """Bayes by Backprop (ours, see the module docstring) on the splits of one data set, one member per split."""
     X, Y = _stack(splits)
     E, n, d = X.shape
@@ -215,8 +222,8 @@ def train_bbb(splits: List[Split], epochs: int, seeds: List[int], particle_batch
     opt = torch.optim.Adam(mus + rhos + [log_a, log_b], lr=PAPER["bbb_lr"])
     steps = epochs * math.ceil(n / batch)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=max(1, steps // 2), gamma=0.1)
-    gens = [torch.Generator().manual_seed(mix64(s, 2)) for s in seeds]
-    noise_gens = [torch.Generator().manual_seed(mix64(s, 5)) for s in seeds]
+    gens = _streams(seeds, 2)
+    noise_gens = _streams(seeds, 5)
     rows = torch.arange(E)[:, None]
     lam = PAPER["kl_weight"]
 
@@ -231,7 +238,7 @@ def train_bbb(splits: List[Split], epochs: int, seeds: List[int], particle_batch
         h = nn.functional.pad(x, (0, 1), value=1.0) @ ws[0].mT
         return (nn.functional.pad(h.relu(), (0, 1), value=1.0) @ ws[1].mT)[..., 0]
 
-    for ep in range(epochs):
+    for _ in range(epochs):
         for idx in _batches(n, batch, gens):
             xb, yb = X[rows, idx], Y[rows, idx]
             if particle_batch == "whole":
@@ -243,7 +250,7 @@ def train_bbb(splits: List[Split], epochs: int, seeds: List[int], particle_batch
                 f = forward(xb[:, :k * c].reshape(E, k, c, d), sample(k, noise_gens))
                 sq = (f - yb[:, :k * c].reshape(E, k, c)).pow(2).mean((1, 2))
             a, b = log_a.exp(), log_b.exp()
-            nll = 0.5 * (math.log(2 * math.pi) - (torch.digamma(a) - torch.log(b)) + (a / b) * sq.double())
+            nll = _expected_nll(a, b, sq)
             kl_w = sum((0.5 * (nn.functional.softplus(r).pow(2) + m.pow(2) - 1) - torch.log(nn.functional.softplus(r)))
                        .sum((1, 2)) for m, r in zip(mus, rhos))
             loss = (nll + lam * (kl_w.double() + _gamma_kl(a, b, a0, b0)) / n).sum()
@@ -251,19 +258,16 @@ def train_bbb(splits: List[Split], epochs: int, seeds: List[int], particle_batch
             loss.backward()
             opt.step()
             sched.step()
-        if progress is not None:
-            progress(ep)
     S = PAPER["test_samples"]
     with torch.no_grad():
         Xt = torch.stack([s.x_test for s in splits]).to(DT)
-        f = forward(Xt.unsqueeze(1).expand(-1, S, -1, -1), sample(S, [torch.Generator().manual_seed(mix64(s, 4))
-                                                                      for s in seeds]))
-        tau = _tau_draws(log_a.exp(), log_b.exp(), S, [torch.Generator().manual_seed(mix64(s, 6)) for s in seeds])
+        f = forward(Xt.unsqueeze(1).expand(-1, S, -1, -1), sample(S, _streams(seeds, 4)))
+        tau = _tau_draws(log_a.exp(), log_b.exp(), S, _streams(seeds, 6))
     return _metrics(splits, f, tau)
 
 
-def train(method: str, splits: List[Split], epochs: int, seeds: List[int], particle_batch: str = "whole",
-          progress=None) -> Tuple[List[Dict[str, float]], float]:
+def train(method: str, splits: List[Split], epochs: int, seeds: List[int],
+          particle_batch: str = "whole") -> Tuple[List[Dict[str, float]], float]:
     """One method by the paper's recipe on a data set's splits: (per-split metrics, seconds)."""
     if method not in PAPER_METHODS:
         raise ValueError(f"--preset paper runs {', '.join(PAPER_METHODS)}; got method {method!r}")
@@ -271,7 +275,7 @@ def train(method: str, splits: List[Split], epochs: int, seeds: List[int], parti
         raise ValueError(f"--particle-batch must be one of {', '.join(PARTICLE_BATCHES)}, got {particle_batch!r}")
     t0 = time.perf_counter()
     if method == "bbb":
-        res = train_bbb(splits, epochs, seeds, particle_batch, progress)
+        res = train_bbb(splits, epochs, seeds, particle_batch)
     else:
-        res = train_noisy(splits, method == "noisy-ekfac", epochs, seeds, particle_batch, progress)
+        res = train_noisy(splits, method == "noisy-ekfac", epochs, seeds, particle_batch)
     return res, time.perf_counter() - t0

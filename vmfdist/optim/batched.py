@@ -24,17 +24,16 @@ one :math:`\tau_p` per weight sample from the Gamma posterior over the noise pre
 """
 from __future__ import annotations
 
-import math
 from typing import List, Optional, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..curvature import (damped_kfac_eigenvalues, eigen_basis, require_finite, running_average_weight,
+from ..curvature import (damped_kfac_eigenvalues, eigen_basis, require_finite, resolve_loss, running_average_weight,
                          trace_norm_pi, weight_matrix)
 from ..linalg import kron_eigen_noise_keyed_op as NOISE_KEYED
-from ._step import MASK63, MIX_START, kfac_rescaling, plan_step
+from ._step import MASK63, MIX_START, StateCache, kfac_rescaling, moving_average, plan_step
 from .settings import check_step_options, resolve_hyperparameters
 
 __all__ = ["BatchedNoisyKFAC", "BatchedNoisyEKFAC"]
@@ -99,11 +98,7 @@ class _BatchedNoisyKronecker:
         if not (isinstance(num_data, int) and not isinstance(num_data, bool) and num_data >= 1):
             raise ValueError(f"num_data must be a positive integer (the training-set size of every member), got "
                              f"{num_data!r}")
-        if likelihood not in ("regression", "classification"):
-            raise ValueError(f"likelihood must be 'regression' or 'classification', got {likelihood!r}")
-        sigma_noise = float(sigma_noise)
-        if not (sigma_noise > 0 and math.isfinite(sigma_noise)):
-            raise ValueError(f"sigma_noise must be positive and finite, got {sigma_noise!r}")
+        likelihood, sigma_noise, _ = resolve_loss(likelihood, sigma_noise)  # (the unbatched optimizer's checks)
         hp, kl_clip = resolve_hyperparameters(likelihood, preset, kl_clip, lr=lr, kl_weight=kl_weight,
                                               prior_var=prior_var, damping=damping, beta=beta, beta_scale=beta_scale,
                                               T_stats=T_stats, T_inv=T_inv, T_scale=T_scale, T_reinit=T_reinit,
@@ -147,21 +142,18 @@ class _BatchedNoisyKronecker:
         self._stats_count = 0
         self._scale_count = 0
         self._gen = torch.Generator(device=w0.device)
-        self._kfac_cache = [None] * len(self.means)
+        self._cache = StateCache(4 * len(self.means))
 
     # ---- posterior ---------------------------------------------------------------------------------------
     def _kfac_eigs(self, i: int, st: Optional[dict] = None):
         """(variance, damped curvature eigenvalues) of K-FAC layer i (state ``st``, default its current one),
-        kept while its bases are unchanged."""
+        kept (``StateCache``, as the unbatched optimizer) while its bases and pi are the same tensors."""
         st = self.state[i] if st is None else st
-        hit = self._kfac_cache[i]
-        if hit is None or hit[0] is not st["d_g"] or hit[1] is not st["d_a"] or hit[2] is not st["pi"]:
-            c = self.hp["kl_weight"] / self.num_data
-            var = c / damped_kfac_eigenvalues(st["d_g"], st["d_a"], self.gamma_in, st["pi"])
-            hit = (st["d_g"], st["d_a"], st["pi"], var,
-                   damped_kfac_eigenvalues(st["d_g"], st["d_a"], self.gamma, st["pi"]))
-            self._kfac_cache[i] = hit
-        return hit[3], hit[4]
+        c = self.hp["kl_weight"] / self.num_data
+        var = self._cache.eigenvalues(("variance", i), st, lambda: c / damped_kfac_eigenvalues(
+            st["d_g"], st["d_a"], self.gamma_in, st["pi"]))
+        return var, self._cache.eigenvalues(("damped", i), st, lambda: damped_kfac_eigenvalues(
+            st["d_g"], st["d_a"], self.gamma, st["pi"]))
 
     def posterior_variance(self, i: int) -> torch.Tensor:
         """Layer ``i``'s posterior variances in its Kronecker eigenbasis, ``(E, out, in)``:
@@ -422,9 +414,8 @@ class _BatchedNoisyKronecker:
             w_bar = ws[i].view(E, P, *ws[i].shape[1:]).mean(1) if self.noise else self.means[i]
             u = torch.baddbmm(w_bar, gl.mT, a, beta=self.gamma_in)
             if mu > 0:
-                m = u * (1 - mu) if st.get("m") is None else st["m"] * mu + u * (1 - mu)
-                st["m"] = m
-                u = m * (1.0 / (1 - mu ** (self._step + 1)))
+                st["m"], correction = moving_average(st.get("m"), u, mu, self._step + 1)
+                u = st["m"] * correction
             if self._ekfac:
                 denom = st["S"] + self.gamma
             else:
@@ -470,7 +461,7 @@ class _BatchedNoisyKronecker:
         self.gamma = self.gamma_in + self.hp["damping"]
         self.means = [m.clone() for m in sd["means"]]
         self.state = [dict(st) for st in sd["state"]]
-        self._kfac_cache = [None] * len(self.means)
+        self._cache = StateCache(4 * len(self.means))
 
     @property
     def steps_taken(self) -> int:
