@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import concurrent.futures
-import contextlib
 import math
 import multiprocessing
 import os
@@ -36,7 +35,7 @@ import torch
 from .. import nn as bnn
 from ..laplace import KFACLaplace
 from ..optim import NoisyEKFAC, NoisyKFAC
-from . import _common, uci_paper
+from . import _common, digits, uci_paper
 from .uci_data import (ALIASES, DATA_HELP, LARGE, NAVAL_TARGETS, SPLIT_PROTOCOLS, Split, UCIData,  # noqa: F401
                        list_datasets, load_dataset, make_split, short_name, validation_split, with_protocol)
 
@@ -385,17 +384,6 @@ def parse_settings(items: Optional[List[str]]) -> Dict[str, Dict[str, float]]:
     return out
 
 
-@contextlib.contextmanager
-def _one_thread():
-    """A task runs on one thread (its numbers then do not depend on --jobs), the count restored after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def _task(data_dir: str, name: str, method: str, split: int, epochs: Optional[int], validation: bool = False,
           overrides: Optional[Dict[str, Dict[str, float]]] = None, protocol: str = "standard",
           naval_target: str = "compressor") -> Tuple[Dict[str, float], float]:
@@ -404,7 +392,7 @@ def _task(data_dir: str, name: str, method: str, split: int, epochs: Optional[in
         _DATA_CACHE.clear()  # one data set at a time per worker
         _DATA_CACHE[key] = with_protocol(load_dataset(name, data_dir, naval_target), protocol)
     data = _DATA_CACHE[key]
-    with _one_thread():
+    with digits.one_thread():
         t0 = time.perf_counter()
         seed = seed_for(data.name, _SEED_OF.get(method, method), split, protocol)
         hp = settings_for(data.name, method, overrides)
@@ -421,7 +409,7 @@ def _paper_task(data_dir: str, name: str, method: str, splits: List[int], epochs
     with the number of members, and over 1000 epochs a rounding-level difference grows to the second
     decimal -- so a re-run of one split reproduces the recorded number only within the same batch.)"""
     data = with_protocol(load_dataset(name, data_dir, naval_target), protocol)
-    with _one_thread():
+    with digits.one_thread():
         members = list(range(len(data.splits)))
         sps = [make_split(data, k) for k in members]
         seeds = [seed_for(data.name, "paper-" + method, k, protocol) for k in members]
