@@ -9,7 +9,7 @@ import torch
 from scipy import stats
 
 from vmfdist.experiments import __main__ as cli
-from vmfdist.experiments import digits, uci
+from vmfdist.experiments import digits, uci, uci_paper
 
 from .shared_data import UCI_DIR, needs_uci
 
@@ -571,6 +571,34 @@ def test_uci_paper_preset_smoke_and_no_mixing(tmp_path):
         cli.main(base + ["--methods", "map", "--out", str(out)])
     with pytest.raises(SystemExit):
         cli.main(base + ["--preset", "paper", "--methods", "map", "--out", str(tmp_path / "x")])
+
+
+def test_uci_paper_cadence_as_run(tmp_path, monkeypatch):
+    """--cadence as-run gives noisy (E)K-FAC a basis refresh and re-scaling reset every step (the authors'
+    trainer as released), intended every 5 on batch-10 sets; the run records it, and the two do not mix."""
+    data_dir, out = tmp_path / "uci", tmp_path / "o"
+    _fake_uci(data_dir, name="aaa", seed=3)
+    seen = []
+    real = uci_paper.BatchedNoisyEKFAC
+
+    def spy(*args, **kw):
+        seen.append((kw["T_inv"], kw["T_reinit"]))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(uci_paper, "BatchedNoisyEKFAC", spy)
+    base = ["uci", "--data-dir", str(data_dir), "--epochs", "1", "--jobs", "1", "--datasets", "aaa", "--preset",
+            "paper", "--methods", "noisy-ekfac", "--splits", "0"]
+    cli.main(base + ["--cadence", "as-run", "--out", str(out)])
+    cli.main(base + ["--out", str(tmp_path / "intended")])
+    assert seen == [(1, 1), (5, 5)]
+    res = json.loads((out / "uci.json").read_text())
+    assert res["settings"]["cadence"] == "as-run"
+    assert res["datasets"]["aaa"]["noisy-ekfac"]["settings"]["cadence"] == "as-run"
+    assert "reset every step" in (out / "uci.md").read_text()
+    with pytest.raises(SystemExit):
+        cli.main(base + ["--out", str(out)])
+    with pytest.raises(ValueError, match="--cadence"):
+        uci_paper.train("noisy-ekfac", [], 1, [], cadence="sometimes")
 
 
 @pytest.mark.parametrize("a", [0.4, 1.0, 6.0, 250.0])

@@ -1,20 +1,15 @@
 """Fake kernels and the autograd of the power spherical ops (``csrc/include/vmfdist/power_spherical.h``).
 
-The sampler ``power_spherical_sample`` returns ``x = Q(mu) (t, sqrt(1 - t^2) v)`` and ``1 - t``.  On the CPU
-its backward is one fused op, ``power_spherical_sample_backward`` (one pass over the sample rows, as
-``vmf_sample_backward``, with the marginal's dt/dkappa computed in it).  On CUDA the backward is assembled
-here from two compiled pieces computing the same map (the op itself exists on CUDA too, composed in C++ the
-same way, but until a GPU session has run it autograd keeps this tested path):
+The sampler ``power_spherical_sample`` returns ``x = Q(mu) (t, sqrt(1 - t^2) v)`` and ``1 - t``.  Its
+backward is one op on every device, ``power_spherical_sample_backward``: the vMF sampler's backward
+(the reflection is the same map; ``csrc/cpu/sphere_backward_cpu.h``, ``csrc/cuda/sphere_backward.cuh``)
+with this marginal's dt/dkappa, the implicit reparameterisation gradient of the Beta marginal, in place of
+the vMF's: d/dkappa = sum over samples of dL/dt * dt/dkappa, where with ``x = t mu + sqrt(1 - t^2) u``
+(u the unit tangent held fixed) ``dL/dt = g.mu - t (g.x - t g.mu) / (1 - t^2)``, minus the gradient of
+the second output ``1 - t``.
 
-* with respect to ``loc``: the reflection is the vMF sampler's, so ``vmf_sample_backward`` with
-  ``concentration_grad=False`` gives exactly d/dloc with the unrotated sample held fixed (it never
-  reads the concentration or the marginal then);
-* with respect to the concentration: ``dL/dt`` per sample row times ``dt/dkappa`` from
-  ``power_spherical_marginal_grad`` (the implicit reparameterisation gradient of the Beta marginal),
-  summed over samples.  With ``x = t mu + sqrt(1 - t^2) u`` (u the unit tangent) and the tangent
-  direction held fixed, ``dx/dt = mu - t (x - t mu) / (1 - t^2)``, so
-  ``dL/dt = g.mu - t (g.x - t g.mu) / (1 - t^2)`` (the same quantity as ``vmf.h: marginal_dl_dw``),
-  minus the gradient of the second output ``1 - t``.
+A backward with ``create_graph`` differentiates the reflection by autograd instead (so higher
+derivatives in loc are exact); the concentration's gradient is differentiable once.
 """
 from __future__ import annotations
 
@@ -61,53 +56,30 @@ def _sample_setup(ctx, inputs, keyword_only_inputs, output):
     ctx.save_for_backward(loc, concentration, x, omt)
 
 
-def dl_dt(grad_x: torch.Tensor, grad_omt, mu_hat: torch.Tensor, x: torch.Tensor, omt: torch.Tensor) -> torch.Tensor:
-    r""":math:`\partial L/\partial t` per sample row (shape ``omt.shape``) for the gradient ``grad_x`` of
-    ``x = t\hat\mu + \sqrt{1 - t^2}\,u`` with the tangent direction ``u`` held fixed, minus ``grad_omt``
-    (the gradient of the op's second output :math:`1 - t`, or None); 0 at the poles, where
-    :math:`1 - t^2 = (1 - t)(1 + t)` vanishes."""
-    gm = (grad_x * mu_hat).sum(-1)
-    gx = (grad_x * x).sum(-1)
-    t = 1.0 - omt
-    one_m_t2 = omt * (2.0 - omt)
-    pos = one_m_t2 > 0
-    safe = torch.where(pos, one_m_t2, torch.ones_like(one_m_t2))
-    out = gm - torch.where(pos, t * (gx - t * gm) / safe, torch.zeros_like(gm))
-    return out if grad_omt is None else out - grad_omt
-
-
 def _sample_backward(ctx, grad_x, grad_omt):
-    """d/dloc through the reflection (fused, ``vmf_sample_backward``; with ``create_graph`` by
-    autograd through :func:`householder`, so higher derivatives in loc are exact) and d/dkappa by
-    implicit reparameterisation of the marginal (differentiable once: a double backward that needs
-    it raises)."""
+    """The op ``power_spherical_sample_backward`` (d/dloc through the reflection, d/dkappa by implicit
+    reparameterisation of the marginal); with ``create_graph``, d/dloc by autograd through
+    :func:`householder` (higher derivatives in loc exact), and a double backward that needs the
+    concentration raises (differentiable once)."""
     create = torch.is_grad_enabled()  # backward(create_graph=True)
     if create and ctx.needs_input_grad[1]:
         _once_differentiable("power_spherical_sample (PowerSpherical.rsample)", "the concentration")
     loc, kappa, x, omt = ctx.saved_tensors
-    d = loc.shape[-1]
     if grad_x is None:
         grad_x = torch.zeros_like(x)
-    grad_loc = grad_kappa = None
-    if loc.device.type == "cpu" and not create:
+    if not create:
         gl, gk = lib.power_spherical_sample_backward(grad_x, grad_omt, loc, kappa, x, omt, ctx.needs_input_grad[0],
                                                      ctx.needs_input_grad[1])
         return (gl if ctx.needs_input_grad[0] else None), (gk if ctx.needs_input_grad[1] else None), None
-    with torch.no_grad():
-        mu_hat = loc / torch.linalg.vector_norm(loc, dim=-1, keepdim=True)
-    if ctx.needs_input_grad[1]:
-        grad_kappa = (dl_dt(grad_x, grad_omt, mu_hat, x, omt) * lib.power_spherical_marginal_grad(omt, kappa, d)).sum(0)
+    grad_loc = None
     if ctx.needs_input_grad[0]:
-        if not create:
-            grad_loc, _ = lib.vmf_sample_backward(grad_x, None, loc, kappa, x, omt, True, False)
-        else:
-            with torch.no_grad():
-                y = householder(mu_hat, x)  # Q is an involution: the unrotated sample
-            with torch.enable_grad():
-                loc_ = loc if loc.requires_grad else loc.detach().requires_grad_(True)
-                xr = householder(loc_ / torch.linalg.vector_norm(loc_, dim=-1, keepdim=True), y)
-                (grad_loc,) = torch.autograd.grad(xr, loc_, grad_x, create_graph=True)
-    return grad_loc, grad_kappa, None
+        with torch.no_grad():
+            y = householder(loc / torch.linalg.vector_norm(loc, dim=-1, keepdim=True), x)  # Q is an involution
+        with torch.enable_grad():
+            loc_ = loc if loc.requires_grad else loc.detach().requires_grad_(True)
+            xr = householder(loc_ / torch.linalg.vector_norm(loc_, dim=-1, keepdim=True), y)
+            (grad_loc,) = torch.autograd.grad(xr, loc_, grad_x, create_graph=True)
+    return grad_loc, None, None
 
 
 torch.library.register_autograd("vmfdist::power_spherical_sample", _sample_backward, setup_context=_sample_setup)
