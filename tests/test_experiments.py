@@ -594,7 +594,9 @@ def test_uci_paper_cadence_as_run(tmp_path, monkeypatch):
     res = json.loads((out / "uci.json").read_text())
     assert res["settings"]["cadence"] == "as-run"
     assert res["datasets"]["aaa"]["noisy-ekfac"]["settings"]["cadence"] == "as-run"
-    assert "reset every step" in (out / "uci.md").read_text()
+    assert "reset every step" in (out / "uci.md").read_text() and "Earlier runs" not in (out / "uci.md").read_text()
+    cli.main(base + ["--cadence", "as-run", "--out", str(out)])  # a second run into the folder: merged, and said
+    assert "Earlier runs merged into this folder" in (out / "uci.md").read_text()
     with pytest.raises(SystemExit):
         cli.main(base + ["--out", str(out)])
     with pytest.raises(ValueError, match="--cadence"):

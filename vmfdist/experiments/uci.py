@@ -615,6 +615,12 @@ def markdown(results: dict) -> str:
                 if results.get("settings", {}).get("naval_target") == "turbine" else "."), "",
              "| data set | method | splits | test log-likelihood | RMSE | paper (Table 1) test LL | task time (s) |",
              "|---|---|---|---|---|---|---|"]
+    earlier = [m for m in results.get("earlier_runs", []) if isinstance(m, dict)]
+    if earlier:  # the sets of a folder's earlier runs are kept: say which runs they came from
+        lines[3:3] = ["", "Earlier runs merged into this folder (each data set's numbers are from the last run that "
+                      "trained it): " + "; ".join(f"`{m.get('command', '')}` at commit `{str(m.get('commit'))[:7]}`"
+                                                  f"{' (uncommitted changes)' if m.get('dirty') else ''}"
+                                                  for m in earlier) + ".", ""]
     checks = []
     for name, per_method in results["datasets"].items():
         lls = {}
