@@ -573,6 +573,15 @@ def test_uci_paper_preset_smoke_and_no_mixing(tmp_path):
         cli.main(base + ["--preset", "paper", "--methods", "map", "--out", str(tmp_path / "x")])
 
 
+def test_uci_markdown_compares_naval_with_table1_only_for_the_turbine_task():
+    """Table 1's naval row answers the authors' task (turbine decay): the compressor task is shown without it."""
+    res = {"datasets": {"naval": {"noisy-ekfac": {"test_ll": [7.0, 7.2], "rmse": [0.1, 0.1]}}},
+           "settings": {"naval_target": "compressor"}, "meta": {}}
+    assert "7.287" not in uci.markdown(res) and "Target:" not in uci.markdown(res)
+    res["settings"]["naval_target"] = "turbine"
+    assert "7.287 ± 0.002" in uci.markdown(res) and "met on 0 of 1" in uci.markdown(res)
+
+
 def test_uci_paper_cadence_as_run(tmp_path, monkeypatch):
     """--cadence as-run gives noisy (E)K-FAC a basis refresh and re-scaling reset every step (the authors'
     trainer as released), intended every 5 on batch-10 sets; the run records it, and the two do not mix."""
