@@ -376,6 +376,27 @@ def test_collector_and_targets_checks():
     assert not any(m._forward_pre_hooks or m._forward_hooks for m in layers.values())  # hooks removed on exit
 
 
+def test_eigen_basis_falls_back_to_float64_when_float32_eigh_returns_nan(monkeypatch):
+    """Some LAPACK builds return NaN eigenvectors for such a factor instead of raising (an Intel Xeon with
+    torch 2.13 / 2.14, LeNet-5's 500-unit layer): retried in float64 too."""
+    g = torch.Generator().manual_seed(8)
+    r = torch.randn(30, 12, generator=g)
+    m = r.T @ r
+    real = torch.linalg.eigh
+    calls = []
+
+    def nan_in_float32(x, *a, **k):
+        calls.append(x.dtype)
+        d, q = real(x, *a, **k)
+        return (d, torch.full_like(q, float("nan"))) if x.dtype == torch.float32 else (d, q)
+
+    monkeypatch.setattr(torch.linalg, "eigh", nan_in_float32)
+    d, q = eigen_basis(m)
+    assert calls == [torch.float32, torch.float64] and d.dtype == q.dtype == torch.float32
+    torch.testing.assert_close(q @ torch.diag(d) @ q.T, m, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(q.T @ q, torch.eye(12), rtol=0, atol=1e-5)
+
+
 def test_eigen_basis_falls_back_to_float64_when_float32_eigh_fails(monkeypatch):
     """A float32 factor whose LAPACK factorisation does not converge (e.g. many dead units' zero rows)
     gets its basis from float64; the result is still an eigendecomposition of the factor."""

@@ -40,19 +40,27 @@ def eigen_basis(factor: torch.Tensor, min_eigenvalue: float = 0.0) -> Tuple[torc
 
 
 def _eigh(m: torch.Tensor):
-    """``torch.linalg.eigh``, retried in float64 when a float32 factorisation fails to converge.
+    """``torch.linalg.eigh``, retried in float64 when a float32 factorisation of a finite factor fails.
 
     LAPACK's float32 divide-and-conquer solver can fail on a factor with many equal eigenvalues --
     e.g. the gradient factor of a layer with many dead ReLU units, whose rows are exactly zero (seen
     with torch 2.14 on a 500-unit layer with 207 dead units; float64 and a rescaled copy succeed).
-    The float64 result is rounded back to the factor's dtype; a float64 failure propagates."""
+    How it fails depends on the LAPACK build and the processor: on an AMD EPYC it raised
+    ``LinAlgError``; on an Intel Xeon the same factorisation returned NaN eigenvectors without an
+    error (torch 2.13 and 2.14, LeNet-5's 500-unit layer).  Both are retried in float64, rounded back
+    to the factor's dtype; a float64 failure propagates, and a factor that is itself non-finite keeps
+    its non-finite result (the caller's checks name it)."""
     try:
-        return torch.linalg.eigh(m)
+        d, q = torch.linalg.eigh(m)
+        # one host read per float32 factorisation (eigh itself reads its status back on CUDA)
+        if m.dtype == torch.float64 or bool(torch.isfinite(q).all() & torch.isfinite(d).all()) \
+                or not bool(torch.isfinite(m).all()):
+            return d, q
     except torch.linalg.LinAlgError:
         if m.dtype == torch.float64:
             raise
-        d, q = torch.linalg.eigh(m.double())
-        return d.to(m.dtype), q.to(m.dtype)
+    d, q = torch.linalg.eigh(m.double())
+    return d.to(m.dtype), q.to(m.dtype)
 
 
 def trace_norm_pi(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
