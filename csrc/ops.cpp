@@ -93,6 +93,24 @@ TORCH_LIBRARY(vmfdist, m) {
   // given, else regenerated from the streams of seed_offset (its third): d/dscale of radial_noise.
   m.def("radial_noise_scale_grad(Tensor grad, Tensor coef, Tensor seed_offset, bool rowwise=False, "
         "Tensor? noise=None) -> Tensor");
+  // The Radial layers' training draw: radial_noise over the whole tensor with scale = softplus(rho)
+  // computed inside (the same eps and coef for the same seed and offset) and, when prior_loc and
+  // prior_scale are given, the KL of Radial(loc, softplus(rho)) to N(prior_loc, prior_scale^2) in
+  // the same pass, plus kl_offset (the caller's constant K(D) of radial.h: the KL is then one
+  // autograd node; 0 without a prior): returns (out
+  // (num_samples, *rho.shape), coef (num_samples,) float64, seed_offset, noise (the eps like out
+  // when save_noise, else empty), kl (0-dim)).
+  m.def("radial_sample(Tensor loc, Tensor rho, Tensor? prior_loc, Tensor? prior_scale, SymInt num_samples, "
+        "bool save_noise=False, float kl_offset=0.0, *, Generator? generator=None, int? seed=None, "
+        "int? offset=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+        {at::Tag::nondeterministic_seeded});
+  // The gradients of radial_sample: (grad_loc, grad_rho) with grad_rho = sigmoid(rho) sum_s grad[s]
+  // eps_s coef_s and, when loc_grad, grad_loc = sum_s grad[s] (else an empty tensor), each plus
+  // grad_kl times the KL's derivative when grad_kl is given; eps read from noise when given, else
+  // regenerated from seed_offset's streams.  No derivative of its own.
+  m.def("radial_sample_backward(Tensor grad, Tensor loc, Tensor rho, Tensor coef, Tensor seed_offset, "
+        "Tensor? noise, Tensor? prior_loc, Tensor? prior_scale, Tensor? grad_kl, bool loc_grad=True) -> "
+        "(Tensor, Tensor)");
 
   // ---- Mean-field Gaussian with softplus scale (csrc/include/vmfdist/meanfield.h) ----
   // out[s] = loc + softplus(rho) * eps_s (softplus(rho) * eps_s without loc) for num_samples

@@ -173,6 +173,26 @@ def _radial_scale_grad(rowwise):
     return case
 
 
+def _radial_sample(dev, dt, n, layout="contiguous"):
+    mu, rho, pl, ps = _meanfield_inputs(n, layout, _gen(20))
+    t = lambda x: _to(x, dev, dt, layout)  # noqa: E731
+    kept = lib.radial_sample(t(mu), t(rho), t(pl), t(ps), 2, True, 0.5, seed=21, offset=4)
+    bare = lib.radial_sample(t(mu), t(rho), None, None, 2, False, seed=21, offset=4)
+    return kept + bare[:2]
+
+
+def _radial_sample_backward(dev, dt, n, layout="contiguous"):
+    g = _gen(21)
+    mu, rho, pl, ps = _meanfield_inputs(n, layout, g)
+    _, coef, _, noise, _ = lib.radial_sample(mu.to(dt), rho.to(dt), None, None, 2, True, seed=21, offset=4)
+    grad, gkl = torch.randn((2,) + tuple(rho.shape), generator=g, dtype=F64), torch.tensor(0.3, dtype=F64)
+    t = lambda x: _to(x, dev, dt, layout)  # noqa: E731
+    so = _seed_offset(dev, 21, 4)
+    kept = lib.radial_sample_backward(t(grad), t(mu), t(rho), coef.to(dev), so, noise.to(dev), t(pl), t(ps), t(gkl))
+    regen = lib.radial_sample_backward(t(grad), t(mu), t(rho), coef.to(dev), so, None, None, None, None, False)
+    return kept + regen[1:]
+
+
 def _meanfield_inputs(n, layout, g):
     shape = (n, 3)
     mu, rho = torch.randn(shape, generator=g, dtype=F64), torch.randn(shape, generator=g, dtype=F64) - 2
@@ -298,6 +318,8 @@ CASES: Dict[str, Callable[..., Tuple[torch.Tensor, ...]]] = {
                                                              + _radial_noise(True)(dev, dt, n, layout)),
     "radial_noise_scale_grad": lambda dev, dt, n, layout="contiguous": (_radial_scale_grad(False)(dev, dt, n, layout)
                                                                         + _radial_scale_grad(True)(dev, dt, n, layout)),
+    "radial_sample": _radial_sample,
+    "radial_sample_backward": _radial_sample_backward,
     "meanfield_sample": _meanfield_sample,
     "meanfield_sample_backward": _meanfield_backward,
     "meanfield_kl": _meanfield_kl,

@@ -4,9 +4,13 @@
 // adds the chunk sums in order and draws the radius; (3) an elementwise pass forms
 // loc + scale * eps * coef in place (the eps copied to `noise` first when the caller keeps
 // them).  The scale gradient reads the kept eps or regenerates them per element.
+// radial_sample runs passes (1) and (2), then (3) with softplus(rho) for the scale, and its KL as
+// one thread per element writing its term (radial::kl_term) and a sum of the terms on the device;
+// its backward is one thread per element over the samples, as the scale gradient.
 // The operators (checks, seed, outputs) are shared with the CPU: radial::Ops in host/radial_host.h.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -106,6 +110,80 @@ __global__ void radial_scale_grad_kernel(const scalar_t* __restrict__ grad, cons
   }
 }
 
+
+// The prior of element j (per-element loc / scale where the prior has them).
+template <class scalar_t, class T>
+__device__ radial::KlPrior<T> kl_prior_at(const scalar_t* m, const scalar_t* s, bool m_full, bool s_full, int64_t j,
+                                          T sqrt_d, T c1) {
+  return radial::kl_prior_of<T>(static_cast<T>(m[m_full ? j : 0]), static_cast<T>(s[s_full ? j : 0]), sqrt_d, c1);
+}
+
+// out[s, j] = loc[j] + softplus(rho[j]) * eps * coef[s] in place (in double, rounded once).
+template <class scalar_t>
+__global__ void radial_sample_pass2(scalar_t* __restrict__ out, const scalar_t* __restrict__ loc,
+                                    const scalar_t* __restrict__ rho, const double* __restrict__ coef, int64_t total,
+                                    int64_t D) {
+  using T = at::opmath_type<scalar_t>;
+  for (int64_t i : launch::grid_stride(total)) {
+    const int64_t j = i % D;
+    const T sigma = meanfield::softplus<T>(static_cast<T>(rho[j]));
+    out[i] = static_cast<scalar_t>(static_cast<double>(loc[j]) +
+                                   static_cast<double>(sigma) * (static_cast<double>(out[i]) * coef[i / D]));
+  }
+}
+
+template <class scalar_t>
+__global__ void radial_kl_terms(double* __restrict__ terms, const scalar_t* __restrict__ loc,
+                                const scalar_t* __restrict__ rho, const scalar_t* __restrict__ m,
+                                const scalar_t* __restrict__ s, bool m_full, bool s_full, int64_t D) {
+  using T = at::opmath_type<scalar_t>;
+  const T sqrt_d = static_cast<T>(::sqrt(static_cast<double>(D))), c1 = static_cast<T>(1.0 - 1.0 / D);
+  for (int64_t j : launch::grid_stride(D)) {
+    const T r = static_cast<T>(rho[j]);
+    terms[j] = static_cast<double>(radial::kl_term<T>(static_cast<T>(loc[j]), r, meanfield::scale_of<T>(r),
+                                                      kl_prior_at<scalar_t, T>(m, s, m_full, s_full, j, sqrt_d, c1)));
+  }
+}
+
+template <class scalar_t>
+__global__ void radial_sample_backward_kernel(scalar_t* __restrict__ g_loc, scalar_t* __restrict__ g_rho,
+                                              const scalar_t* __restrict__ grad, const double* __restrict__ coef,
+                                              const scalar_t* __restrict__ noise, const scalar_t* __restrict__ loc,
+                                              const scalar_t* __restrict__ rho, const scalar_t* __restrict__ m,
+                                              const scalar_t* __restrict__ s, bool m_full, bool s_full,
+                                              const double* __restrict__ grad_kl, int64_t S, int64_t D,
+                                              const int64_t* __restrict__ seed_offset) {
+  using T = at::opmath_type<scalar_t>;
+  const SeedOffset so = load_seed_offset(seed_offset);
+  const T sqrt_d = static_cast<T>(::sqrt(static_cast<double>(D))), c1 = static_cast<T>(1.0 - 1.0 / D);
+  for (int64_t j : launch::grid_stride(D)) {
+    double ge = 0.0, gs = 0.0;
+    for (int64_t k = 0; k < S; ++k) {
+      double e;
+      if (noise != nullptr) {
+        e = static_cast<double>(noise[k * D + j]);
+      } else {
+        double z[4];
+        fast_normal::normal4_for<scalar_t>(so.seed, so.offset, static_cast<uint64_t>(k), static_cast<uint32_t>(j >> 2),
+                                           z);
+        e = static_cast<double>(static_cast<scalar_t>(z[j & 3]));
+      }
+      const double g = static_cast<double>(grad[k * D + j]);
+      ge += g * (e * coef[k]);
+      gs += g;
+    }
+    const T r = static_cast<T>(rho[j]);
+    const meanfield::Scale<T> q = meanfield::scale_of<T>(r);
+    T a = T(0), b = T(0);
+    if (grad_kl != nullptr) {
+      radial::kl_grads<T>(static_cast<T>(*grad_kl), static_cast<T>(loc[j]), r, q,
+                          kl_prior_at<scalar_t, T>(m, s, m_full, s_full, j, sqrt_d, c1), &a, &b);
+    }
+    g_rho[j] = static_cast<scalar_t>(static_cast<double>(q.sigmoid) * ge + static_cast<double>(b));
+    if (g_loc != nullptr) g_loc[j] = static_cast<scalar_t>(gs + static_cast<double>(a));
+  }
+}
+
 struct CudaRadial : CudaSeeds {
   static void noise(at::Tensor& out, at::Tensor& coef, at::Tensor& noise, const at::Tensor& loc,
                     const at::Tensor& scale, const RadialLayout& lay, const int64_t* pso) {
@@ -141,6 +219,57 @@ struct CudaRadial : CudaSeeds {
     });
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
+
+  static void sample(at::Tensor& out, at::Tensor& coef, at::Tensor& noise, at::Tensor& kl,
+                     const meanfield::Operands& x, double kl_offset, const int64_t* pso) {
+    const int64_t S = out.size(0), D = x.rho.numel();
+    const int64_t nchunk = (D + kRadialChunk - 1) / kRadialChunk;
+    const int64_t units = S * nchunk;
+    const auto stream = launch::stream();
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.rho.scalar_type(), "radial_sample", [&] {
+      if (S > 0) {
+        at::Tensor partial = at::empty({units}, x.rho.options().dtype(at::kDouble));
+        radial_pass1<scalar_t><<<blocks_for(units, 1), kThreads, 0, stream>>>(
+            out.mutable_data_ptr<scalar_t>(), partial.mutable_data_ptr<double>(), units, nchunk, D, pso);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        if (noise.numel() > 0) noise.copy_(out);  // the eps, kept for the backward (same stream)
+        radial_coef<<<blocks_for(S), kThreads, 0, stream>>>(partial.const_data_ptr<double>(),
+                                                             coef.mutable_data_ptr<double>(), S, nchunk, pso);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        radial_sample_pass2<scalar_t><<<blocks_for(S * D), kThreads, 0, stream>>>(
+            out.mutable_data_ptr<scalar_t>(), x.loc.const_data_ptr<scalar_t>(), x.rho.const_data_ptr<scalar_t>(),
+            coef.const_data_ptr<double>(), S * D, D);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
+      if (x.with_kl()) {
+        at::Tensor terms = at::empty({D}, x.rho.options().dtype(at::kDouble));
+        radial_kl_terms<scalar_t><<<blocks_for(D), kThreads, 0, stream>>>(
+            terms.mutable_data_ptr<double>(), x.loc.const_data_ptr<scalar_t>(), x.rho.const_data_ptr<scalar_t>(),
+            x.prior_loc.const_data_ptr<scalar_t>(), x.prior_scale.const_data_ptr<scalar_t>(),
+            x.prior_loc.numel() != 1, x.prior_scale.numel() != 1, D);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        kl.copy_(terms.sum() + kl_offset);
+      }
+    });
+  }
+
+  static void sample_backward(at::Tensor& g_loc, at::Tensor& g_rho, const at::Tensor& grad, const at::Tensor& coef,
+                              const at::Tensor& noise, const meanfield::Operands& x, const at::Tensor& grad_kl,
+                              const int64_t* pso) {
+    const int64_t S = grad.size(0), D = x.rho.numel();
+    const bool with_kl = x.with_kl();
+    const at::Tensor gkl = with_kl ? grad_kl.reshape({}).to(at::kDouble) : at::Tensor();
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.rho.scalar_type(), "radial_sample_backward", [&] {
+      radial_sample_backward_kernel<scalar_t><<<blocks_for(D), kThreads, 0, launch::stream()>>>(
+          g_loc.numel() > 0 ? g_loc.mutable_data_ptr<scalar_t>() : nullptr, g_rho.mutable_data_ptr<scalar_t>(),
+          grad.const_data_ptr<scalar_t>(), coef.const_data_ptr<double>(),
+          noise.defined() ? noise.const_data_ptr<scalar_t>() : nullptr, x.loc.const_data_ptr<scalar_t>(),
+          x.rho.const_data_ptr<scalar_t>(), with_kl ? x.prior_loc.const_data_ptr<scalar_t>() : nullptr,
+          with_kl ? x.prior_scale.const_data_ptr<scalar_t>() : nullptr, with_kl && x.prior_loc.numel() != 1,
+          with_kl && x.prior_scale.numel() != 1, with_kl ? gkl.const_data_ptr<double>() : nullptr, S, D, pso);
+    });
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
 };
 
 }  // namespace
@@ -148,6 +277,8 @@ struct CudaRadial : CudaSeeds {
 TORCH_LIBRARY_IMPL(vmfdist, CUDA, m) {
   m.impl("radial_noise", &radial::Ops<CudaRadial>::noise);
   m.impl("radial_noise_scale_grad", &radial::Ops<CudaRadial>::scale_grad);
+  m.impl("radial_sample", &radial::Ops<CudaRadial>::sample);
+  m.impl("radial_sample_backward", &radial::Ops<CudaRadial>::sample_backward);
 }
 
 }  // namespace vmfdist

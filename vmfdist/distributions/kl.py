@@ -47,12 +47,14 @@ from .. import special
 from ._constants import EULER_GAMMA
 from .matrix_normal import (EigenvalueCorrectedMatrixNormal, MatrixNormal, eigen_marginal_variance,
                             kron_mahalanobis, _tril_trace_ratio)
-from .meanfield import meanfield_kl
+from .._ops import lib
+from .._ops.random import random_kwargs
+from .meanfield import _loc_rho, _num_samples, _prior, _shaped, meanfield_kl
 from .power_spherical import PowerSpherical, digamma_diff, lgamma_diff, power_spherical_entropy, trigamma_diff
 from .radial import Radial
 from .von_mises_fisher import HypersphericalUniform, VonMisesFisher, log_sphere_area, vmf_log_normalizer
 
-__all__ = ["kl_diag_normal", "kl_radial_normal", "kl_radial_normal_softplus", "kl_vmf_vmf", "kl_vmf_uniform",
+__all__ = ["kl_diag_normal", "kl_radial_normal", "kl_radial_normal_softplus", "radial_sample_kl", "kl_vmf_vmf", "kl_vmf_uniform",
            "kl_power_spherical_uniform", "kl_power_spherical_vmf", "kl_lognormal_gamma", "kl_lognormal_inverse_gamma"]
 
 
@@ -319,8 +321,40 @@ def kl_radial_normal_softplus(loc, rho, prior_loc, prior_scale) -> torch.Tensor:
         else:
             sq = ((loc - m).square() / (2 * s * s)).sum()
         kl = kl + (1.0 - 1.0 / d) * sq
-    c_d = float(_radial_entropy_const(d))
-    return kl + (d * (0.5 * math.log(2 * math.pi) - 0.5 * math.log(d) + 0.5) - c_d)
+    return kl + _radial_kl_const(d)
+
+
+def radial_sample_kl(loc: torch.Tensor, rho: torch.Tensor, prior_loc=0.0, prior_scale=1.0,
+                     sample_shape=torch.Size(), generator=None, *, save_noise: bool = False,
+                     validate_args: bool = True):
+    r"""``(samples, kl)``: ``sample_shape`` draws of ``Radial(loc, softplus(rho))`` over the whole
+    tensor (:func:`~vmfdist.distributions.radial.radial_noise` with ``scale = softplus(rho)``:
+    the same normals and radii for the same seed) and
+    :func:`kl_radial_normal_softplus` ``(loc, rho, prior_loc, prior_scale)``, in one fused op
+    (the compiled ``radial_sample``: the scale, the samples and the KL's sums in one pass over
+    ``loc`` and ``rho``) with one autograd node for both -- what the Radial layers train with.
+    ``prior_loc`` and ``prior_scale`` are numbers, one-element tensors or tensors of ``rho``'s
+    shape; ``save_noise`` as in :func:`~vmfdist.distributions.radial.radial_noise`;
+    ``validate_args=False`` skips the check ``prior_scale > 0`` (a read-back from the device).
+    Differentiable in ``loc`` and ``rho``, not in the prior."""
+    loc, rho = _loc_rho("radial_sample_kl", loc, rho)
+    if loc is None:
+        raise TypeError("radial_sample_kl: loc must be a tensor, got None")
+    m, s = _prior("radial_sample_kl", rho, prior_loc, prior_scale, validate_args)
+    shape, n = _num_samples("radial_sample_kl", sample_shape)
+    # the constant inside the op: the KL is then the op's own autograd node (the layers' KL cache
+    # checks that node's graph)
+    out, _, _, _, kl = lib.radial_sample(loc, rho, m, s, n, bool(save_noise), _radial_kl_const(rho.numel()),
+                                         **random_kwargs("radial_sample_kl", generator, streams=2))
+    return _shaped(out, shape, rho), kl
+
+
+def _radial_kl_const(d):
+    r""":math:`K(D) = D(\tfrac12\log 2\pi - \tfrac12\log D + \tfrac12) - C(D)`, the part of
+    :func:`kl_radial_normal_softplus` that depends on :math:`D` alone (0 for an empty tensor)."""
+    if d == 0:
+        return 0.0
+    return d * (0.5 * math.log(2 * math.pi) - 0.5 * math.log(d) + 0.5) - float(_radial_entropy_const(d))
 
 
 @functools.lru_cache(maxsize=64)

@@ -38,12 +38,13 @@ import torch
 from torch.distributions import Distribution, constraints
 
 from .._ops import lib
-from .._ops.random import call_sampler
+from .._ops.random import call_sampler, random_kwargs
 from ._constants import EULER_GAMMA, LOG_2PI
 from ._validation import as_real_tensor, check_value, same_device
+from .meanfield import _loc_rho, _num_samples, _shaped
 from .von_mises_fisher import log_sphere_area
 
-__all__ = ["Radial", "radial_noise", "kl_radial_radial"]
+__all__ = ["Radial", "radial_noise", "radial_sample", "kl_radial_radial"]
 
 
 
@@ -67,6 +68,21 @@ def radial_noise(loc: torch.Tensor, scale: torch.Tensor, sample_shape=torch.Size
     out, _, _, _ = call_sampler("radial_noise", lib.radial_noise, loc, scale, sample_shape=sample_shape,
                                 generator=generator, streams=2, rowwise=bool(rowwise), save_noise=bool(save_noise))
     return out
+
+
+def radial_sample(loc: torch.Tensor, rho: torch.Tensor, sample_shape=torch.Size(),
+                  generator: Optional[torch.Generator] = None, *, save_noise: bool = False) -> torch.Tensor:
+    r""":func:`radial_noise` over the whole tensor with ``scale = softplus(rho)`` computed inside the
+    op (the parameterisation of the Radial layers; the same normals and radii for the same seed),
+    differentiable in ``loc`` and ``rho``.  ``loc`` and ``rho`` have one shape.  With the KL to a
+    Gaussian prior in the same pass: :func:`~vmfdist.distributions.kl.radial_sample_kl`."""
+    loc, rho = _loc_rho("radial_sample", loc, rho)
+    if loc is None:
+        raise TypeError("radial_sample: loc must be a tensor, got None")
+    shape, n = _num_samples("radial_sample", sample_shape)
+    out = lib.radial_sample(loc, rho, None, None, n, bool(save_noise),
+                            **random_kwargs("radial_sample", generator, streams=2))[0]
+    return _shaped(out, shape, rho)
 
 
 class Radial(Distribution):

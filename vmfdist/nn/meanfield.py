@@ -31,7 +31,36 @@ __all__ = ["MeanFieldLinear", "MeanFieldConv2d"]
 _ESTIMATORS = ("reparam", "local", "flipout")
 
 
-class _MeanField(_ScaledGaussianLayer):
+class _FusedKL:
+    """What the layers share whose sampling op can compute the closed-form KL to a Gaussian prior
+    in the same pass (mean-field: ``meanfield_sample``; Radial: ``radial_sample``): which priors
+    the op takes, what the KL depends on, and when the forward pass computes it (kept in
+    ``self._kl_cache``, a :class:`_KLCache`, for :meth:`kl_divergence`)."""
+
+    def _fused_priors(self):
+        """``((m, s), (m_b, s_b))``: the priors of weight and bias in the form of the fused ops
+        (:func:`_fusable`; ``(None, None)`` for an absent bias), or None if one is not."""
+        w = _fusable(self.weight_mu, self.prior)
+        if w is None or self.bias_mu is None:
+            return None if w is None else (w, (None, None))
+        b = _fusable(self.bias_mu, self.bias_prior)
+        return None if b is None else (w, b)
+
+    def _kl_inputs(self):
+        """What the fused KL depends on: the parameters and the (Normal) priors' buffers."""
+        ts = [self.weight_mu, self.weight_rho, self.prior.param_loc, self.prior.param_scale]
+        if self.bias_mu is not None:
+            ts += [self.bias_mu, self.bias_rho, self.bias_prior.param_loc, self.bias_prior.param_scale]
+        return ts
+
+    def _kl_in_forward(self):
+        """Whether the sampling forward pass computes the KL too: when it will be differentiated
+        (grad mode, trainable rho), outside torch.compile (and for priors the fused op takes)."""
+        return torch.is_grad_enabled() and self.weight_rho.requires_grad and not torch.compiler.is_compiling() \
+            and self.weight_rho.dtype not in LOW_PRECISION  # (a half-precision KL is computed in float32)
+
+
+class _MeanField(_FusedKL, _ScaledGaussianLayer):
     def _init_posterior(self, wshape, bias, prior, bias_prior, estimator, sigma_init, device, dtype):
         if estimator not in _ESTIMATORS:
             raise ValueError(f"estimator must be one of {_ESTIMATORS}, got {estimator!r}")
@@ -82,28 +111,6 @@ class _MeanField(_ScaledGaussianLayer):
             kl = kl + kl_b
         self._kl_cache.store(kl, self._kl_inputs())
         return w, b
-
-    def _fused_priors(self):
-        """``((m, s), (m_b, s_b))``: the priors of weight and bias in the form of the fused ops
-        (:func:`_fusable`; ``(None, None)`` for an absent bias), or None if one is not."""
-        w = _fusable(self.weight_mu, self.prior)
-        if w is None or self.bias_mu is None:
-            return None if w is None else (w, (None, None))
-        b = _fusable(self.bias_mu, self.bias_prior)
-        return None if b is None else (w, b)
-
-    def _kl_inputs(self):
-        """What the fused KL depends on: the parameters and the (Normal) priors' buffers."""
-        ts = [self.weight_mu, self.weight_rho, self.prior.param_loc, self.prior.param_scale]
-        if self.bias_mu is not None:
-            ts += [self.bias_mu, self.bias_rho, self.bias_prior.param_loc, self.bias_prior.param_scale]
-        return ts
-
-    def _kl_in_forward(self):
-        """Whether the sampling forward pass computes the KL too: when it will be differentiated
-        (grad mode, trainable rho), outside torch.compile (and for priors the fused op takes)."""
-        return torch.is_grad_enabled() and self.weight_rho.requires_grad and not torch.compiler.is_compiling() \
-            and self.weight_rho.dtype not in LOW_PRECISION  # (a half-precision KL is computed in float32)
 
     def kl_divergence(self):
         """KL(q || prior) summed over weights and bias.  For Gaussian priors whose parameters

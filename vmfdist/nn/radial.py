@@ -6,8 +6,10 @@ posterior :class:`~vmfdist.distributions.radial.Radial`:
 .. math::  W = \mu + \sigma \odot \frac{\epsilon}{\|\epsilon\|}\, r,\qquad
            \epsilon \sim \mathcal N(0, I_D),\ r \sim \mathcal N(0, 1),\ \sigma = \mathrm{softplus}(\rho),
 
-drawn by the fused compiled op :func:`~vmfdist.distributions.radial.radial_noise` (one normalisation
-over the whole tensor per sample); the bias has its own, separate Radial posterior.
+drawn by the fused compiled op :func:`~vmfdist.distributions.kl.radial_sample_kl` (softplus, one
+normalisation over the whole tensor per sample, and in a training step the KL below, in one pass;
+the same normals as :func:`~vmfdist.distributions.radial.radial_noise`); the bias has its own,
+separate Radial posterior.
 
 The KL to a Gaussian prior is the closed form registered for ``Radial || Independent(Normal)``
 (entropy of the Radial distribution in closed form, and the Gaussian cross-entropy, which
@@ -26,21 +28,22 @@ import torch
 import torch.nn.functional as F
 from torch.distributions import Gamma
 
-from ..distributions import Radial, radial_noise
-from ..distributions.kl import kl_radial_normal_softplus
+from ..distributions import Radial, radial_sample
+from ..distributions.kl import kl_radial_normal_softplus, radial_sample_kl
 from ._base import (_ConvOps, _LinearOps, _ScaledGaussianLayer, _conv_repr, _conv_setup, _linear_setup,
                     full_precision, kl_to_prior)
-from .meanfield import _fusable
+from .meanfield import _FusedKL, _fusable, _KLCache
 
 __all__ = ["RadialLinear", "RadialConv2d"]
 
 
-class _Radial(_ScaledGaussianLayer):
+class _Radial(_FusedKL, _ScaledGaussianLayer):
     def _init_posterior(self, wshape, bias, prior, bias_prior, sigma_init, prior_kl_samples, device, dtype):
         if not (isinstance(sigma_init, (int, float)) and sigma_init > 0 and math.isfinite(sigma_init)):
             raise ValueError(f"sigma_init must be a positive float, got {sigma_init!r}")
         if not isinstance(prior_kl_samples, int) or prior_kl_samples < 1:
             raise ValueError(f"prior_kl_samples must be a positive int, got {prior_kl_samples!r}")
+        self._kl_cache = _KLCache()
         self._init_scale_parameters(wshape, bias, sigma_init, prior, bias_prior, prior_kl_samples, device, dtype)
 
     def _posterior_from(self, loc, scale):
@@ -54,17 +57,42 @@ class _Radial(_ScaledGaussianLayer):
         return None if self.bias_mu is None else self._posterior_from(self.bias_mu, self.bias_sigma)
 
     def sample_weights(self, num_samples):
-        # in a training step keep the normals for the backward pass instead of regenerating them
+        return self._draw(num_samples)
+
+    def _forward_sample(self, x, num_samples):
+        w, b = self._draw(num_samples, self._fused_priors() if self._kl_in_forward() else None)
+        return self._apply_samples(x, w, b, num_samples)
+
+    def _draw(self, num_samples, priors=None):
+        """(weight, bias) samples from the fused op (softplus inside).  With ``priors`` (of
+        :meth:`_fused_priors`) the op also computes the KL in the same pass, and the layer keeps it
+        for :meth:`kl_divergence`.  In a training step the normals are kept for the backward pass
+        instead of being regenerated."""
         keep = torch.is_grad_enabled() and (self.weight_mu.requires_grad or self.weight_rho.requires_grad)
-        w = radial_noise(self.weight_mu, self.weight_sigma, (num_samples,), save_noise=keep)
-        b = None if self.bias_mu is None else radial_noise(self.bias_mu, self.bias_sigma, (num_samples,),
-                                                            save_noise=keep)
+        n = (num_samples,)
+        if priors is None:
+            w = radial_sample(self.weight_mu, self.weight_rho, n, save_noise=keep)
+            b = None if self.bias_mu is None else radial_sample(self.bias_mu, self.bias_rho, n, save_noise=keep)
+            return w, b
+        (m, s), (mb, sb) = priors
+        w, kl = radial_sample_kl(self.weight_mu, self.weight_rho, m, s, n, save_noise=keep, validate_args=False)
+        b = None
+        if self.bias_mu is not None:
+            b, kl_b = radial_sample_kl(self.bias_mu, self.bias_rho, mb, sb, n, save_noise=keep, validate_args=False)
+            kl = kl + kl_b
+        self._kl_cache.store(kl, self._kl_inputs())
         return w, b
 
     def kl_divergence(self):
         """KL(q || prior) summed over weights and bias: for a Gaussian prior with scalar or
-        full-shape parameters the closed form of :func:`_radial_gaussian_kl` (one fused pass
-        over mu and rho), else as :meth:`_ScaledGaussianLayer.kl_divergence`."""
+        full-shape parameters the closed form of :func:`_radial_gaussian_kl` -- the one the last
+        sampling forward pass computed with the weights when nothing it depends on has changed
+        since (as the mean-field layers), else one fused pass over mu and rho -- else as
+        :meth:`_ScaledGaussianLayer.kl_divergence`."""
+        if self._fused_priors() is not None:
+            kl = self._kl_cache.take(self._kl_inputs())
+            if kl is not None:
+                return kl
         kl = _radial_gaussian_kl(self.weight_mu, self.weight_rho, self.prior)
         if kl is None:
             return super().kl_divergence()
@@ -146,7 +174,7 @@ class RadialLinear(_LinearOps, _Radial):
         coef = torch.randn((s, bsz), **fk).mul_(sumsq.rsqrt_())  # r / |eps|
         out = torch.addcmul(mean, scale, g.mul_(coef.unsqueeze(-1)).to(x.dtype))  # (S, B, out)
         if self.bias_mu is not None:
-            out += radial_noise(self.bias_mu, self.bias_sigma, (s,)).unsqueeze(1)
+            out += radial_sample(self.bias_mu, self.bias_rho, (s,)).unsqueeze(1)
         return out.reshape(-1, n_out)
 
     def extra_repr(self):
