@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu/chunk_sum_cpu.h"
 #include "vmfdist/isa_dispatch.h"
 #include "vmfdist/meanfield.h"
 #include "host/meanfield_host.h"
@@ -97,18 +98,6 @@ VMF_FORCEINLINE meanfield::Prior<T> prior_at(const meanfield::Prior<T>& p0, cons
   if constexpr (kLocFull) p.m = static_cast<T>(m[i]);
   if constexpr (kScaleFull) p = meanfield::prior_of<T>(p.m, static_cast<T>(s[i]));
   return p;
-}
-
-// Sum in double with 8 independent partial sums (fixed order).
-template <typename T>
-double sum_chunk(const T* x, int64_t n) {
-  double a[8] = {0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int l = 0; l < 8; ++l) a[l] += static_cast<double>(x[i + l]);
-  }
-  for (int l = 0; i + l < n; ++l) a[l] += static_cast<double>(x[i + l]);
-  return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
 // ---- sampling (with the KL in the same pass) ------------------------------------------

@@ -20,6 +20,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cpu/chunk_sum_cpu.h"
 #include "vmfdist/isa_dispatch.h"
 #include "vmfdist/radial.h"
 #include "host/radial_host.h"
@@ -45,18 +46,6 @@ double sum_squares(const scalar_t* x, int64_t n) {
     const double v = static_cast<double>(x[i + l]);
     a[l] += v * v;
   }
-  return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-}
-
-// The sum of x[0..n) in double with 8 partial sums (fixed order).
-template <class T>
-double sum_doubles(const T* x, int64_t n) {
-  double a[8] = {0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int l = 0; l < 8; ++l) a[l] += static_cast<double>(x[i + l]);
-  }
-  for (int l = 0; i + l < n; ++l) a[l] += static_cast<double>(x[i + l]);
   return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
@@ -291,7 +280,7 @@ struct CpuRadial : CpuSeeds {
           scale_kl_chunk<scalar_t, T, kWithKl, kFull>(pm + start, pr + start, prior.p0, mb, sb, prior.sqrt_d,
                                                       prior.c1, n, sigma, terms);
         });
-        if (with_kl) kl_part[static_cast<size_t>(c)] = sum_doubles(terms, n);
+        if (with_kl) kl_part[static_cast<size_t>(c)] = sum_chunk<T>(terms, n);
         for (int64_t s = 0; s < S; ++s) combine(po + s * D + start, pm + start, sigma, pc[s], n);
       });
     });
