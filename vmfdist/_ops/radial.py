@@ -118,7 +118,7 @@ def _radial_sample_backward(ctx, grad_out, grad_coef, grad_seed_offset, grad_noi
     if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
         raise RuntimeError("radial_sample: the KL computed with the samples has no gradient with respect to the "
                            "prior; use kl_radial_normal_softplus for a trainable prior")
-    rest = (None,) * 6  # prior_loc, prior_scale, num_samples, save_noise, kl_offset and the keywords
+    rest = (None,) * 5  # prior_loc, prior_scale, num_samples, save_noise, kl_offset (one per positional input)
     if not (needs_loc or needs_rho) or (grad_out is None and grad_kl is None):
         return (None, None) + rest
     if torch.is_grad_enabled():
