@@ -45,13 +45,6 @@ void for_each_chunk(int64_t D, int64_t per_chunk, const F& f) {
   });
 }
 
-// The sum of the chunk sums, in order, into the 0-dim `kl`.
-inline void fill_total(at::Tensor& kl, const std::vector<double>& partial) {
-  double total = 0.0;
-  for (const double v : partial) total += v;
-  kl.fill_(total);
-}
-
 template <typename scalar_t>
 const scalar_t* ptr_or_null(const at::Tensor& x) {
   return x.defined() ? x.const_data_ptr<scalar_t>() : nullptr;

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -273,8 +274,8 @@ struct CpuRadial : CpuSeeds {
       if (S > 0) draw_eps<scalar_t>(po, pn, pc, S, D, sd, of);
       const int64_t grain = std::max<int64_t>(1, 65536 / (kRadialChunk * std::max<int64_t>(S, 1)));
       for_each_chunk(nchunk, nchunk, D, grain, [&](int64_t c, int64_t, int64_t start, int64_t n) {
-        std::vector<T> buf(static_cast<size_t>(4 * kRadialChunk));
-        T *sigma = buf.data(), *terms = sigma + kRadialChunk, *mb = terms + kRadialChunk, *sb = mb + kRadialChunk;
+        const std::unique_ptr<T[]> buf(new T[4 * kRadialChunk]);  // (uninitialised: written before read)
+        T *sigma = buf.get(), *terms = sigma + kRadialChunk, *mb = terms + kRadialChunk, *sb = mb + kRadialChunk;
         prior.fill(start, n, mb, sb);
         dispatch_kl(with_kl, prior.full, [&]<bool kWithKl, bool kFull>() {
           scale_kl_chunk<scalar_t, T, kWithKl, kFull>(pm + start, pr + start, prior.p0, mb, sb, prior.sqrt_d,
@@ -284,11 +285,7 @@ struct CpuRadial : CpuSeeds {
         for (int64_t s = 0; s < S; ++s) combine(po + s * D + start, pm + start, sigma, pc[s], n);
       });
     });
-    if (with_kl) {
-      double total = 0.0;
-      for (const double v : kl_part) total += v;
-      kl.fill_(total + kl_offset);
-    }
+    if (with_kl) fill_total(kl, kl_part, kl_offset);
   }
 
   // Chunk by chunk of the event: acc_ge = sum_s grad[s] eps_s coef_s and acc_g = sum_s grad[s]
@@ -314,17 +311,18 @@ struct CpuRadial : CpuSeeds {
       const T g_kl = static_cast<T>(gkl);
       const int64_t grain = std::max<int64_t>(1, 65536 / (kRadialChunk * std::max<int64_t>(S, 1)));
       for_each_chunk(nchunk, nchunk, D, grain, [&](int64_t, int64_t, int64_t start, int64_t n) {
+        // (uninitialised but the sums, which start at zero: the rest is written before it is read)
         std::vector<double> acc(static_cast<size_t>(2 * kRadialChunk), 0.0);
-        std::vector<scalar_t> eps(static_cast<size_t>(kRadialChunk));
-        std::vector<T> pbuf(static_cast<size_t>(2 * kRadialChunk));
+        const std::unique_ptr<scalar_t[]> eps(pn == nullptr ? new scalar_t[kRadialChunk] : nullptr);
+        const std::unique_ptr<T[]> pbuf(prior.full ? new T[2 * kRadialChunk] : nullptr);
         double *acc_ge = acc.data(), *acc_g = acc_ge + kRadialChunk;
         for (int64_t s = 0; s < S; ++s) {
-          const scalar_t* es = eps.data();
+          const scalar_t* es = eps.get();
           if (pn != nullptr) {
             es = pn + s * D + start;
           } else {
             fast_normal::fill_normals<scalar_t>(sd, of, static_cast<uint64_t>(s), static_cast<uint32_t>(start / 4), n,
-                                                eps.data());
+                                                eps.get());
           }
           const double k = pc[s];
           const scalar_t* g = pg + s * D + start;
@@ -334,7 +332,7 @@ struct CpuRadial : CpuSeeds {
             acc_g[i] += gi;
           }
         }
-        T *mb = pbuf.data(), *sb = mb + kRadialChunk;
+        T *mb = pbuf.get(), *sb = prior.full ? mb + kRadialChunk : nullptr;
         prior.fill(start, n, mb, sb);
         dispatch_kl(with_kl, prior.full, [&]<bool kWithKl, bool kFull>() {
           if (loc_grad) {

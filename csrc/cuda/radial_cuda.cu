@@ -184,24 +184,32 @@ __global__ void radial_sample_backward_kernel(scalar_t* __restrict__ g_loc, scal
   }
 }
 
+// Passes (1) and (2) for `streams` groups of `length` elements: the normals into out (copied
+// into noise when it is not empty) and coef = r / |eps| per group.
+template <class scalar_t>
+void draw_eps(at::Tensor& out, at::Tensor& coef, at::Tensor& noise, int64_t streams, int64_t length,
+              const int64_t* pso) {
+  const int64_t nchunk = (length + kRadialChunk - 1) / kRadialChunk;
+  const int64_t units = streams * nchunk;
+  at::Tensor partial = at::empty({units}, out.options().dtype(at::kDouble));
+  const auto stream = launch::stream();
+  radial_pass1<scalar_t><<<blocks_for(units, 1), kThreads, 0, stream>>>(
+      out.mutable_data_ptr<scalar_t>(), partial.mutable_data_ptr<double>(), units, nchunk, length, pso);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (noise.numel() > 0) noise.copy_(out);  // the eps, kept for the backward (same stream)
+  radial_coef<<<blocks_for(streams), kThreads, 0, stream>>>(partial.const_data_ptr<double>(),
+                                                            coef.mutable_data_ptr<double>(), streams, nchunk, pso);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 struct CudaRadial : CudaSeeds {
   static void noise(at::Tensor& out, at::Tensor& coef, at::Tensor& noise, const at::Tensor& loc,
                     const at::Tensor& scale, const RadialLayout& lay, const int64_t* pso) {
     const int64_t streams = out.size(0) * lay.groups;
-    const int64_t nchunk = (lay.length + kRadialChunk - 1) / kRadialChunk;
-    const int64_t units = streams * nchunk;
-    at::Tensor partial = at::empty({units}, loc.options().dtype(at::kDouble));
-    const auto stream = launch::stream();
     const int64_t event = lay.groups * lay.length;
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, loc.scalar_type(), "radial_noise", [&] {
-      radial_pass1<scalar_t><<<blocks_for(units, 1), kThreads, 0, stream>>>(
-          out.mutable_data_ptr<scalar_t>(), partial.mutable_data_ptr<double>(), units, nchunk, lay.length, pso);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      if (noise.numel() > 0) noise.copy_(out);  // the eps, kept for the backward (same stream)
-      radial_coef<<<blocks_for(streams), kThreads, 0, stream>>>(
-          partial.const_data_ptr<double>(), coef.mutable_data_ptr<double>(), streams, nchunk, pso);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      radial_pass2<scalar_t><<<blocks_for(streams * lay.length), kThreads, 0, stream>>>(
+      draw_eps<scalar_t>(out, coef, noise, streams, lay.length, pso);
+      radial_pass2<scalar_t><<<blocks_for(streams * lay.length), kThreads, 0, launch::stream()>>>(
           out.mutable_data_ptr<scalar_t>(), loc.const_data_ptr<scalar_t>(), scale.const_data_ptr<scalar_t>(),
           coef.const_data_ptr<double>(), streams * lay.length, lay.length, event);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -223,19 +231,10 @@ struct CudaRadial : CudaSeeds {
   static void sample(at::Tensor& out, at::Tensor& coef, at::Tensor& noise, at::Tensor& kl,
                      const meanfield::Operands& x, double kl_offset, const int64_t* pso) {
     const int64_t S = out.size(0), D = x.rho.numel();
-    const int64_t nchunk = (D + kRadialChunk - 1) / kRadialChunk;
-    const int64_t units = S * nchunk;
     const auto stream = launch::stream();
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.rho.scalar_type(), "radial_sample", [&] {
       if (S > 0) {
-        at::Tensor partial = at::empty({units}, x.rho.options().dtype(at::kDouble));
-        radial_pass1<scalar_t><<<blocks_for(units, 1), kThreads, 0, stream>>>(
-            out.mutable_data_ptr<scalar_t>(), partial.mutable_data_ptr<double>(), units, nchunk, D, pso);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-        if (noise.numel() > 0) noise.copy_(out);  // the eps, kept for the backward (same stream)
-        radial_coef<<<blocks_for(S), kThreads, 0, stream>>>(partial.const_data_ptr<double>(),
-                                                             coef.mutable_data_ptr<double>(), S, nchunk, pso);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        draw_eps<scalar_t>(out, coef, noise, S, D, pso);
         radial_sample_pass2<scalar_t><<<blocks_for(S * D), kThreads, 0, stream>>>(
             out.mutable_data_ptr<scalar_t>(), x.loc.const_data_ptr<scalar_t>(), x.rho.const_data_ptr<scalar_t>(),
             coef.const_data_ptr<double>(), S * D, D);
