@@ -116,11 +116,24 @@ def test_resume_after_an_interruption_gives_the_same_numbers(data_dir, tmp_path,
                                              "--resume"]))
 
 
+def test_jobs_train_in_parallel_to_the_same_numbers(data_dir, tmp_path):
+    """--jobs 2: every (seed, network) trained in its own worker process, then evaluated here;
+    the numbers are those of the sequential run (each network has its own seed and states)."""
+    argv = ["--data-dir", str(data_dir), "--seeds", "2", "--epochs", "2", "--anneal-epochs", "1", "--limit", "120",
+            "--test-limit", "50"]
+    seq = mnist_pruning.run(_args(argv + ["--out", str(tmp_path / "a")]))
+    par = mnist_pruning.run(_args(argv + ["--out", str(tmp_path / "b"), "--jobs", "2"]))
+    assert _numbers(par) == _numbers(seq) and len(par["seeds"]) == 2
+    assert par["settings"]["jobs"] == 2 and par["settings"]["resume"] is False
+
+
 def test_bad_options_are_refused(data_dir, tmp_path):
     with pytest.raises(ValueError, match="--epochs"):
         mnist_pruning.run(_args(["--data-dir", str(data_dir), "--epochs", "0", "--out", str(tmp_path)]))
     with pytest.raises(ValueError, match="--anneal-epochs"):
         mnist_pruning.run(_args(["--data-dir", str(data_dir), "--anneal-epochs", "-1", "--out", str(tmp_path)]))
+    with pytest.raises(ValueError, match="--jobs"):
+        mnist_pruning.run(_args(["--data-dir", str(data_dir), "--jobs", "0", "--out", str(tmp_path)]))
     with pytest.raises(ValueError, match="--data-dir"):
         mnist_pruning.run(_args(["--out", str(tmp_path)]))
 

@@ -28,13 +28,17 @@ weights and of its 32-sample predictive (the RDP posterior with the pruned group
 
 ``--resume`` continues from the checkpoint written after every epoch of every network (model,
 optimizer, random states, epoch, step and the best model so far): an interrupted run resumed
-gives the numbers of an uninterrupted one.
+gives the numbers of an uninterrupted one.  ``--jobs N`` trains the seeds' networks in N worker
+processes at once (one thread each; the longest first), then evaluates them here: every network
+is trained from its own seed and random states, so the numbers are those of ``--jobs 1``.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import copy
 import math
+import multiprocessing
 import os
 import sys
 import time
@@ -73,6 +77,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue from the checkpoints in <out>/mnist_pruning_checkpoints (written after every "
                         "epoch) instead of starting afresh")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="train the networks of all seeds in this many processes at once (one thread each), then "
+                        "evaluate them; the same numbers as --jobs 1 (default 1)")
     _common.out_argument(p, "mnist_pruning.json/.md, the log-mode picture and the checkpoints")
 
 
@@ -254,14 +261,39 @@ def run_seed(seed: int, args, data, settings: dict) -> Tuple[dict, dict, dict]:
     return res, modes, thresholds
 
 
+def _train_job(net: str, seed: int, args, settings: dict) -> None:
+    """One network of one seed, in a worker process of ``--jobs``: trained to its last epoch
+    (checkpoint after every epoch, as in the main process), for :func:`run` to evaluate."""
+    xtr, ytr, _, _ = _scaled(mnist_data.load(args))
+    with digits.one_thread():
+        train(net, seed, xtr, ytr, args.epochs, args.anneal_epochs, _checkpoint_path(args.out, net, seed),
+              dict(settings, network=net, seed=seed), args.resume)
+
+
+def _train_in_parallel(args, settings: dict) -> None:
+    """Every (seed, network) pair trained in ``args.jobs`` processes, the RDP networks (the
+    slowest) first; a worker's error is raised here."""
+    jobs = [(net, seed) for net in NETWORKS for seed in range(args.seeds)]
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process with torch's thread pools
+    with concurrent.futures.ProcessPoolExecutor(max_workers=min(args.jobs, len(jobs)), mp_context=ctx) as pool:
+        futures = [pool.submit(_train_job, net, seed, args, settings) for net, seed in jobs]
+        for f in concurrent.futures.as_completed(futures):
+            f.result()
+
+
+def _scaled(data):
+    xtr, ytr, xte, yte = data
+    return xtr * 2 - 1, ytr, xte * 2 - 1, yte  # the authors' Normalize((0.5,), (0.5,))
+
+
 def run(args) -> dict:
-    mnist_data.check_positive(seeds=args.seeds, epochs=args.epochs)
+    mnist_data.check_positive(seeds=args.seeds, epochs=args.epochs, jobs=args.jobs)
     if not isinstance(args.anneal_epochs, int) or args.anneal_epochs < 0:
         raise ValueError(f"--anneal-epochs must be a non-negative integer, got {args.anneal_epochs!r}")
     _common.prepare_out(args.out)  # before any training
     meta = _common.run_metadata()
-    xtr, ytr, xte, yte = mnist_data.load(args)
-    data = (xtr * 2 - 1, ytr, xte * 2 - 1, yte)  # the authors' Normalize((0.5,), (0.5,))
+    data = _scaled(mnist_data.load(args))
+    xtr, xte = data[0], data[2]
     settings = {"epochs": args.epochs, "anneal_epochs": args.anneal_epochs, "batch": BATCH, "lr": LR,
                 "optimizer": "Adam (torch defaults but the learning rate), every parameter", "train_images": len(xtr),
                 "test_images": len(xte), "limit": args.limit, "test_limit": args.test_limit,
@@ -271,9 +303,13 @@ def run(args) -> dict:
     ck_settings = {k: settings[k] for k in ("epochs", "anneal_epochs", "batch", "lr", "train_images", "limit",
                                             "rdp_options")}
     t_all = time.perf_counter()
+    resume = bool(args.resume)
+    if args.jobs > 1:
+        _train_in_parallel(args, ck_settings)
+        args = argparse.Namespace(**dict(vars(args), resume=True))  # evaluate the trained checkpoints
     per_seed: List[dict] = []
     first = None
-    results = {"seeds": per_seed, "settings": dict(settings, seeds=args.seeds, resume=bool(args.resume)),
+    results = {"seeds": per_seed, "settings": dict(settings, seeds=args.seeds, resume=resume, jobs=args.jobs),
                "meta": meta, "wall_seconds": 0.0}
     for seed in range(args.seeds):
         res, modes, thresholds = run_seed(seed, args, data, ck_settings)
