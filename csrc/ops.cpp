@@ -112,6 +112,17 @@ TORCH_LIBRARY(vmfdist, m) {
         "Tensor? noise, Tensor? prior_loc, Tensor? prior_scale, Tensor? grad_kl, bool loc_grad=True) -> "
         "(Tensor, Tensor)");
 
+  // ---- Radial--directional layers (csrc/include/vmfdist/rdp.h) ----
+  // The KL of one grouping of an RDP layer and its gradient: G times KL(vMF(exp(log_kappa)) ||
+  // vMF(prior_kappa)) with equal mean directions (|| uniform on S^{dim-1} when uniform) plus, for
+  // the G local radius factors (local, rows m_a, m_b, rho_a, rho_b of shape (4, G)) and the global
+  // one (glob, (4,)), KL(LogNormal(m_a, softplus(rho_a)) || Gamma(1/2, rate tau^-2)) +
+  // KL(LogNormal(m_b, softplus(rho_b)) || InverseGamma(1/2, 1)), tau = tau_local or tau_global.
+  // Returns (kl, d kl/d log_kappa, d kl/d local, d kl/d glob), computed in double.  No derivative
+  // of its own (its gradient is among its outputs).
+  m.def("rdp_kl(Tensor log_kappa, Tensor local, Tensor glob, Tensor prior_kappa, Tensor tau_local, "
+        "Tensor tau_global, int dim, bool uniform) -> (Tensor, Tensor, Tensor, Tensor)");
+
   // ---- Mean-field Gaussian with softplus scale (csrc/include/vmfdist/meanfield.h) ----
   // out[s] = loc + softplus(rho) * eps_s (softplus(rho) * eps_s without loc) for num_samples
   // draws and, when prior_loc and prior_scale are given (with loc), the KL of meanfield_kl in

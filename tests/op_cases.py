@@ -234,6 +234,18 @@ def _meanfield_kl_backward(dev, dt, n, layout="contiguous"):
     return lib.meanfield_kl_backward(t(torch.tensor(1.5, dtype=F64)), t(mu), t(rho), t(pl), t(ps))
 
 
+def _rdp_kl(dev, dt, n, layout="contiguous"):
+    g = _gen(25)
+    local = torch.randn(4, n, generator=g, dtype=F64) + torch.tensor([[-9.0], [9.0], [-3.0], [-3.0]], dtype=F64)
+    glob = torch.tensor([-13.8, 13.8, -4.0, -5.0], dtype=F64)
+    sc = [torch.tensor(v, dtype=F64) for v in (2.5, 30.0, 1e-2, 1e-3)]
+    t = lambda x: _to(x, dev, dt, layout)  # noqa: E731
+    if layout == "broadcast":  # stride-0 views: one factor's values for every group
+        local = local[:, :1].expand(4, n)
+        return lib.rdp_kl(t(sc[0]), local.to(device=dev, dtype=dt), t(glob), *(t(v) for v in sc[1:]), 40, True)
+    return lib.rdp_kl(t(sc[0]), t(local), t(glob), *(t(v) for v in sc[1:]), 40, False)
+
+
 def _kron_matvec(dev, dt, n, layout="contiguous"):
     qo, qi, s, v = _kron_inputs(n, 20)
     t = lambda x: _to(x, dev, dt, layout)  # noqa: E731
@@ -324,6 +336,7 @@ CASES: Dict[str, Callable[..., Tuple[torch.Tensor, ...]]] = {
     "meanfield_sample_backward": _meanfield_backward,
     "meanfield_kl": _meanfield_kl,
     "meanfield_kl_backward": _meanfield_kl_backward,
+    "rdp_kl": _rdp_kl,
     "kron_eigen_matvec": _kron_matvec,
     "kron_eigen_noise": _kron_noise,
     "kron_eigen_noise_keyed": _kron_noise_keyed,

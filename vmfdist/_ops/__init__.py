@@ -13,13 +13,14 @@ need and the autograd formulas:
 * :mod:`.power_spherical` -- the power spherical sampler (the vMF reflection, a Beta marginal)
 * :mod:`.radial`  -- the fused radial noise
 * :mod:`.meanfield` -- mean-field Gaussian sampling (softplus scale) and its KL to a Gaussian prior
+* :mod:`.rdp`     -- the KL of a radial--directional layer's grouping, with its gradient
 * :mod:`.kron`    -- the Kronecker-eigenbasis products and noise
 
 The public functions over these ops live in the modules of their area
 (:mod:`vmfdist.special`, :mod:`vmfdist.random`, :mod:`vmfdist.linalg`,
 :mod:`vmfdist.distributions`).
 """
-from . import kron, meanfield, power_spherical, radial, random, special, vmf  # noqa: F401  (registrations)
+from . import kron, meanfield, power_spherical, radial, random, rdp, special, vmf  # noqa: F401  (registrations)
 from ._lib import lib
 
 __all__ = ["lib"]

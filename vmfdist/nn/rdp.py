@@ -62,10 +62,12 @@ from torch import nn
 from torch.distributions import Distribution, Gamma, Independent, InverseGamma, LogNormal, Normal, constraints
 
 from .. import special
-from ..distributions import HypersphericalUniform, VonMisesFisher, vmf_sample
+from .._ops import lib
+from ..distributions import HypersphericalUniform, VonMisesFisher, meanfield_kl, vmf_sample
 from ..distributions.kl import kl_lognormal_gamma, kl_lognormal_inverse_gamma, kl_vmf_uniform, kl_vmf_vmf
 from ._base import (BayesianModule, _ConvOps, _LinearOps, _Prior, _conv_repr, _conv_setup, _linear_setup, full_precision,
                     _softplus_inv, kl_normal_to_prior)
+from .meanfield import _fusable
 
 __all__ = ["RDPLinear", "RDPConv2d", "RDPPosterior", "concentration_for_mean_length"]
 
@@ -103,19 +105,14 @@ def _radius_view(packed: str, row: int):
                     doc=f"``{packed}[{row}]`` (a view; the parameter is ``{packed}``).")
 
 
-def _factor_kl(log_kappa, local, glob, prior_kappa, tau_local, tau_global, dim: int, uniform: bool,
-               with_grad: bool = False):
-    r"""The KL of one grouping, and with ``with_grad`` its gradient with respect to
-    ``(log_kappa, local, glob)``.
+def _factor_kl(log_kappa, local, glob, prior_kappa, tau_local, tau_global, dim: int, uniform: bool):
+    r"""The KL of one grouping from torch ops (the reference for ``rdp_kl``, and what a double
+    backward differentiates).
 
     Directions: G times KL(vMF(kappa_q) || vMF(kappa_p)) with the same mean direction
-    (:func:`~vmfdist.distributions.kl.kl_vmf_vmf`; uniform prior: ``kl_vmf_uniform``), whose
-    derivative in kappa_q is :math:`(\kappa_q - \kappa_p)A'(\kappa_q)` (uniform: :math:`\kappa_q A'(\kappa_q)`).
+    (:func:`~vmfdist.distributions.kl.kl_vmf_vmf`; uniform prior: ``kl_vmf_uniform``).
     Radii: ``kl_lognormal_gamma`` (a to Gamma(1/2, rate 1/tau^2)) and ``kl_lognormal_inverse_gamma``
-    (b to InverseGamma(1/2, 1)) over all G + 1 pairs at once; with :math:`\beta E = \beta e^{\pm\mu + s^2/2}`
-    (+ for a, rate :math:`\beta = 1` for b), d/dmu = :math:`\pm(\beta E - \tfrac12)`,
-    d/ds = :math:`\beta E s - 1/s` and ds/drho = sigmoid(rho).  The value is differentiable by
-    autograd (for higher derivatives)."""
+    (b to InverseGamma(1/2, 1)) over all G + 1 pairs at once.  Differentiable by autograd (any order)."""
     g = local.shape[-1]
     kq = log_kappa.exp()
     kl_dir = kl_vmf_uniform(kq, dim) if uniform else kl_vmf_vmf(kq, prior_kappa, dim)
@@ -124,31 +121,23 @@ def _factor_kl(log_kappa, local, glob, prior_kappa, tau_local, tau_global, dim: 
     rate_a = torch.cat([tau_local.pow(-2).expand(g), tau_global.pow(-2).reshape(1)])
     kl_radius = (kl_lognormal_gamma(packed[0], s[0], 0.5, rate_a)
                  + kl_lognormal_inverse_gamma(packed[1], s[1], 0.5, 1.0)).sum()
-    kl = g * kl_dir + kl_radius
-    if not with_grad:
-        return kl, None
-    kappa_term = kq if uniform else kq - prior_kappa
-    g_kappa = g * kq * kappa_term * special.bessel_iv_ratio_grad(torch.full_like(kq, 0.5 * dim), kq)
-    # (+mu for a, -mu for b) without a host-made sign tensor: copying one to a GPU would synchronise
-    signed = torch.stack([packed[0], packed[1].neg()])
-    be = torch.exp(torch.addcmul(signed, s, s, value=0.5)) * torch.stack([rate_a, torch.ones_like(rate_a)])
-    g_packed = torch.cat([torch.stack([be[0] - 0.5, 0.5 - be[1]]),
-                          (be * s - s.reciprocal()) * torch.sigmoid(packed[2:])])
-    return kl, (g_kappa, g_packed[:, :g], g_packed[:, g])
+    return g * kl_dir + kl_radius
 
 
 class _FactorKL(torch.autograd.Function):
-    """:func:`_factor_kl` with its first derivative computed with the value (a few elementwise
-    ops instead of autograd through some fifty); with create_graph the value is differentiated by
-    autograd instead (higher derivatives exact)."""
+    r""":func:`_factor_kl` with its first derivative computed with the value, in one compiled op
+    (``rdp_kl``, ``csrc/include/vmfdist/rdp.h``: the same closed forms in double, one call
+    instead of some hundred small ops): d/dlog_kappa = :math:`G\kappa_q(\kappa_q - \kappa_p)A_d'(\kappa_q)`
+    (uniform prior: :math:`G\kappa_q^2 A_d'(\kappa_q)`); with :math:`E = \beta e^{\pm\mu + s^2/2}` (+ and
+    rate :math:`\beta = \tau^{-2}` for a, - and 1 for b) d/dmu = :math:`\pm(E - \tfrac12)`, d/drho =
+    :math:`(E s - 1/s)\,\mathrm{sigmoid}(\rho)`.  With create_graph the value of :func:`_factor_kl` is
+    differentiated by autograd instead (higher derivatives exact)."""
 
     @staticmethod
     def forward(ctx, log_kappa, local, glob, prior_kappa, tau_local, tau_global, dim, uniform):
         ctx.dim, ctx.uniform = dim, uniform
-        kl, grads = _factor_kl(log_kappa, local, glob, prior_kappa, tau_local, tau_global, dim, uniform,
-                               with_grad=any(ctx.needs_input_grad[:3]))
-        ctx.save_for_backward(log_kappa, local, glob, prior_kappa, tau_local, tau_global,
-                              *(grads if grads is not None else ()))
+        kl, *grads = lib.rdp_kl(log_kappa, local, glob, prior_kappa, tau_local, tau_global, dim, uniform)
+        ctx.save_for_backward(log_kappa, local, glob, prior_kappa, tau_local, tau_global, *grads)
         return kl
 
     @staticmethod
@@ -158,7 +147,7 @@ class _FactorKL(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph: differentiate the value (any order)
             ins = (log_kappa, local, glob)
             with torch.enable_grad():
-                val, _ = _factor_kl(*ins, prior_kappa, tau_local, tau_global, ctx.dim, ctx.uniform)
+                val = _factor_kl(*ins, prior_kappa, tau_local, tau_global, ctx.dim, ctx.uniform)
                 got = iter(torch.autograd.grad(val, [t for t, n in zip(ins, need) if n], grad, create_graph=True))
             return tuple(next(got) if n else None for n in need) + (None,) * 5
         return tuple(grad * t if n else None for t, n in zip(grads, need)) + (None,) * 5
@@ -439,8 +428,10 @@ class _RDP(BayesianModule):
         grouping, and the Gaussian bias."""
         kl = sum(f.kl_divergence() for _, f in self._factors())
         if self.bias_mu is not None:
-            kl = kl + kl_normal_to_prior(full_precision(self.bias_mu), F.softplus(full_precision(self.bias_rho)),
-                                         self.bias_prior, 16)
+            mu, rho = full_precision(self.bias_mu), full_precision(self.bias_rho)
+            prior = _fusable(mu, self.bias_prior)
+            kl = kl + (meanfield_kl(mu, rho, *prior, validate_args=False) if prior is not None
+                       else kl_normal_to_prior(mu, F.softplus(rho), self.bias_prior, 16))
         return kl
 
     def point_weights(self, use):
