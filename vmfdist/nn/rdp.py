@@ -173,7 +173,9 @@ class _RDPFactor(nn.Module):
         e1 = torch.zeros_like(dirs)
         e1[..., 0] = 1.0
         dirs = torch.where((dirs.norm(dim=-1) <= 0).unsqueeze(-1), e1, dirs)
-        self.direction = nn.Parameter(F.normalize(dirs, dim=-1))
+        # contiguous: a column view of a linear weight is a transposed view, and a strided parameter
+        # costs a copy in every sampler call and gradient accumulation
+        self.direction = nn.Parameter(F.normalize(dirs, dim=-1).contiguous())
         kappa_q = concentration_for_mean_length(d, 1.0 - init_eps)
         kappa_p = concentration_for_mean_length(d, 1.0 - prior_eps)
         self.log_concentration = nn.Parameter(torch.tensor(math.log(kappa_q), device=dev, dtype=dt))
