@@ -199,3 +199,13 @@ def test_layers_use_it_and_keep_their_kl():
         assert (a is None) == (b is None)
         if a is not None:
             torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-12)
+
+
+def test_public_wrapper():
+    """vmfdist.distributions.kl.kl_rdp_grouping returns the op's value and its gradient."""
+    from vmfdist.distributions.kl import kl_rdp_grouping
+    local, glob, tl, tg = _inputs(5, 9)
+    args = (torch.tensor(2.0, dtype=DT), local, glob, torch.tensor(9.0, dtype=DT), tl, tg)
+    kl, grads = kl_rdp_grouping(*args, 12, True)
+    want = lib.rdp_kl(*args, 12, True)
+    assert torch.equal(kl, want[0]) and all(torch.equal(a, b) for a, b in zip(grads, want[1:]))

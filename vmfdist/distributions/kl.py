@@ -55,7 +55,8 @@ from .radial import Radial
 from .von_mises_fisher import HypersphericalUniform, VonMisesFisher, log_sphere_area, vmf_log_normalizer
 
 __all__ = ["kl_diag_normal", "kl_radial_normal", "kl_radial_normal_softplus", "radial_sample_kl", "kl_vmf_vmf", "kl_vmf_uniform",
-           "kl_power_spherical_uniform", "kl_power_spherical_vmf", "kl_lognormal_gamma", "kl_lognormal_inverse_gamma"]
+           "kl_power_spherical_uniform", "kl_power_spherical_vmf", "kl_lognormal_gamma", "kl_lognormal_inverse_gamma",
+           "kl_rdp_grouping"]
 
 
 
@@ -78,6 +79,29 @@ def kl_lognormal_inverse_gamma(mu, s, a, b):
     :math:`-\alpha\log\beta + \log\Gamma(\alpha) + \alpha\mu + \beta e^{-\mu+\sigma^2/2} - \tfrac12\log(2\pi e\sigma^2)`."""
     return (_log_prior_terms(a, b) + a * mu + b * torch.exp(-mu + 0.5 * s * s)
             - 0.5 * torch.log(2 * math.pi * math.e * s * s))
+
+
+def kl_rdp_grouping(log_kappa, local, glob, prior_kappa, tau_local, tau_global, dim: int, uniform: bool = False):
+    r"""The KL of one grouping of a radial--directional layer (:mod:`vmfdist.nn.rdp`) and its
+    gradient, by one compiled op (``rdp_kl``, in double whatever the dtype): ``G`` groups of
+    dimension ``dim`` with one posterior concentration :math:`\kappa_q = e^{\text{log\_kappa}}`, and
+    :math:`G + 1` radius factors whose parameters are the rows :math:`(m_a, m_b, \rho_a, \rho_b)` of
+    ``local`` ``(4, G)`` and ``glob`` ``(4,)``:
+
+    .. math::  G\,\mathrm{KL}(\mathrm{vMF}(\kappa_q) \| \mathrm{vMF}(\kappa_p))
+               + \sum_j \mathrm{KL}(\mathrm{LogNormal}(m_a, s_a) \| \mathrm{Gamma}(\tfrac12, \tau_j^{-2}))
+               + \mathrm{KL}(\mathrm{LogNormal}(m_b, s_b) \| \mathrm{InverseGamma}(\tfrac12, 1)),
+
+    :math:`s = \mathrm{softplus}(\rho)`, :math:`\tau_j` = ``tau_local`` for the local factors and
+    ``tau_global`` for the global one, equal mean directions in the vMF KL (``uniform``: the
+    uniform distribution on the sphere instead of :math:`\mathrm{vMF}(\kappa_p)`).  Returns
+    ``(kl, (d kl/d log_kappa, d kl/d local, d kl/d glob))``; all arguments but ``dim`` and
+    ``uniform`` are tensors of one dtype and device (``log_kappa``, ``prior_kappa``, ``tau_*``
+    0-dim).  Not differentiable itself: the gradient is returned (the layers wrap it in an autograd
+    function, :class:`vmfdist.nn.rdp._FactorKL`)."""
+    kl, g_log_kappa, g_local, g_glob = lib.rdp_kl(log_kappa, local, glob, prior_kappa, tau_local, tau_global,
+                                                  int(dim), bool(uniform))
+    return kl, (g_log_kappa, g_local, g_glob)
 
 
 @register_kl(LogNormal, Gamma)

@@ -62,9 +62,9 @@ from torch import nn
 from torch.distributions import Distribution, Gamma, Independent, InverseGamma, LogNormal, Normal, constraints
 
 from .. import special
-from .._ops import lib
 from ..distributions import HypersphericalUniform, VonMisesFisher, meanfield_kl, vmf_sample
-from ..distributions.kl import kl_lognormal_gamma, kl_lognormal_inverse_gamma, kl_vmf_uniform, kl_vmf_vmf
+from ..distributions.kl import (kl_lognormal_gamma, kl_lognormal_inverse_gamma, kl_rdp_grouping, kl_vmf_uniform,
+                                kl_vmf_vmf)
 from ._base import (BayesianModule, _ConvOps, _LinearOps, _Prior, _conv_repr, _conv_setup, _linear_setup, full_precision,
                     _softplus_inv, kl_normal_to_prior)
 from .meanfield import _fusable
@@ -136,7 +136,7 @@ class _FactorKL(torch.autograd.Function):
     @staticmethod
     def forward(ctx, log_kappa, local, glob, prior_kappa, tau_local, tau_global, dim, uniform):
         ctx.dim, ctx.uniform = dim, uniform
-        kl, *grads = lib.rdp_kl(log_kappa, local, glob, prior_kappa, tau_local, tau_global, dim, uniform)
+        kl, grads = kl_rdp_grouping(log_kappa, local, glob, prior_kappa, tau_local, tau_global, dim, uniform)
         ctx.save_for_backward(log_kappa, local, glob, prior_kappa, tau_local, tau_global, *grads)
         return kl
 
