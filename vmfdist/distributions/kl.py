@@ -82,7 +82,7 @@ def kl_lognormal_inverse_gamma(mu, s, a, b):
 
 
 def kl_rdp_grouping(log_kappa, local, glob, prior_kappa, tau_local, tau_global, dim: int, uniform: bool = False):
-    r"""The KL of one grouping of a radial--directional layer (:mod:`vmfdist.nn.rdp`) and its
+    r"""The KL of one grouping of a radial--directional layer (:class:`~vmfdist.nn.RDPLinear`) and its
     gradient, by one compiled op (``rdp_kl``, in double whatever the dtype): ``G`` groups of
     dimension ``dim`` with one posterior concentration :math:`\kappa_q = e^{\text{log\_kappa}}`, and
     :math:`G + 1` radius factors whose parameters are the rows :math:`(m_a, m_b, \rho_a, \rho_b)` of
@@ -98,7 +98,7 @@ def kl_rdp_grouping(log_kappa, local, glob, prior_kappa, tau_local, tau_global, 
     ``(kl, (d kl/d log_kappa, d kl/d local, d kl/d glob))``; all arguments but ``dim`` and
     ``uniform`` are tensors of one dtype and device (``log_kappa``, ``prior_kappa``, ``tau_*``
     0-dim).  Not differentiable itself: the gradient is returned (the layers wrap it in an autograd
-    function, :class:`vmfdist.nn.rdp._FactorKL`)."""
+    function)."""
     kl, g_log_kappa, g_local, g_glob = lib.rdp_kl(log_kappa, local, glob, prior_kappa, tau_local, tau_global,
                                                   int(dim), bool(uniform))
     return kl, (g_log_kappa, g_local, g_glob)
