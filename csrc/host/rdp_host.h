@@ -25,10 +25,11 @@ inline void check_rdp_kl_args(const at::Tensor& log_kappa, const at::Tensor& loc
   constexpr const char* op = "rdp_kl";
   TORCH_CHECK(at::isFloatingType(local.scalar_type()), op, ": local must be a floating tensor, got ",
               local.scalar_type());
-  const std::pair<const char*, const at::Tensor*> all[] = {{"log_kappa", &log_kappa}, {"glob", &glob},
-                                                           {"prior_kappa", &prior_kappa}, {"tau_local", &tau_local},
-                                                           {"tau_global", &tau_global}};
-  for (const auto& [name, t] : all) {
+  const std::pair<const char*, const at::Tensor*> scalars[] = {
+      {"log_kappa", &log_kappa}, {"prior_kappa", &prior_kappa}, {"tau_local", &tau_local}, {"tau_global", &tau_global}};
+  TORCH_CHECK(glob.scalar_type() == local.scalar_type(), op, ": glob must have local's dtype ", local.scalar_type(),
+              ", got ", glob.scalar_type());
+  for (const auto& [name, t] : scalars) {
     TORCH_CHECK(t->scalar_type() == local.scalar_type(), op, ": ", name, " must have local's dtype ",
                 local.scalar_type(), ", got ", t->scalar_type());
   }
@@ -37,9 +38,8 @@ inline void check_rdp_kl_args(const at::Tensor& log_kappa, const at::Tensor& loc
   TORCH_CHECK(local.dim() == 2 && local.size(0) == 4, op,
               ": local must have shape (4, groups) (rows m_a, m_b, rho_a, rho_b), got ", local.sizes());
   TORCH_CHECK(glob.dim() == 1 && glob.size(0) == 4, op, ": glob must have shape (4,), got ", glob.sizes());
-  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"log_kappa", &log_kappa},
-                                {"prior_kappa", &prior_kappa}, {"tau_local", &tau_local}, {"tau_global", &tau_global}}) {
-    TORCH_CHECK(t->numel() == 1 && t->dim() == 0, op, ": ", name, " must be a 0-dim tensor, got shape ", t->sizes());
+  for (const auto& [name, t] : scalars) {
+    TORCH_CHECK(t->dim() == 0, op, ": ", name, " must be a 0-dim tensor, got shape ", t->sizes());
   }
   TORCH_CHECK(dim >= 2, op, ": dim (the groups' dimension) must be at least 2, got ", dim);
 }
