@@ -84,6 +84,18 @@ def test_smoke_run_writes_the_results(data_dir, tmp_path, capsys):
     assert s["deterministic"]["log"][0]["kl_weight"] is None
     md = (out / "mnist_pruning.md").read_text()
     assert "short run, not the paper's protocol" in md and "4-7-110-66" in md and "113148" in md
+    assert "| BC-GHS | 5-10-76-16 | 169K | 15K | 1.0% |" in md  # Table 2 beside
+    met = sum(p["error_mean_weights"] <= 0.011 and all(w <= t for w, t in zip(p["architecture"], (10, 20, 250, 150)))
+              for p in (s["pruned"]["either"],))
+    p = s["pruned"]["either"]
+    assert f"| either | {100 * p['error_mean_weights']:.2f} | {100 * p['error_predictive']:.2f} | {p['params']} | " in md
+    assert f"| {met} of 1 |" in md
+    # --report writes the page again from the results file alone
+    (out / "mnist_pruning.md").unlink()
+    again = mnist_pruning.run(_args(["--out", str(out), "--report"]))
+    assert again["seeds"] == saved["seeds"] and (out / "mnist_pruning.md").read_text() == md
+    with pytest.raises(ValueError, match="--report: no results file"):
+        mnist_pruning.run(_args(["--out", str(tmp_path / "none"), "--report"]))
     assert (out / "mnist_pruning.png").exists()
     err = capsys.readouterr().err
     assert "seed 0 rdp           epoch 3/3: loss" in err and "deterministic epoch 1/3" in err

@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import copy
+import json
 import math
 import multiprocessing
 import os
@@ -65,6 +66,14 @@ RDP_OPTIONS = dict(grouping="double", tau_local=1e-2, tau_global=1e-3, prior_eps
                    lognormal_sigma=1e-4)
 RULES = ("either", "both")
 PAPER = "RDP (Oh et al. 2019, Table 2): 4-7-110-66, 125K FLOPs, 20K parameters, 1.0% test error"
+#: Table 2 of Oh et al. 2019: (method, pruned architecture, FLOPs, parameters, test error) as printed
+TABLE2 = (("RDP", "4-7-110-66", "125K", "20K", "1.0%"), ("BC-GNJ", "8-13-88-13", "307K", "22K", "1.0%"),
+          ("BC-GHS", "5-10-76-16", "169K", "15K", "1.0%"), ("FDOO(100K)", "2-7-112-478", "119K", "66K", "1.1%"),
+          ("FDOO(200K)", "3-8-128-499", "163K", "81K", "1.0%"), ("GL", "3-12-192-500", "236K", "134K", "1.0%"),
+          ("GD", "7-13-208-16", "298K", "49K", "1.1%"), ("SBP", "3-18-284-283", "295K", "164K", "0.9%"))
+#: the issue's target for every seed: test error of the pruned network at most this, widths at most these
+TARGET_ERROR = 0.011
+TARGET_WIDTHS = (10, 20, 250, 150)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -77,6 +86,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue from the checkpoints in <out>/mnist_pruning_checkpoints (written after every "
                         "epoch) instead of starting afresh")
+    p.add_argument("--report", action="store_true",
+                   help="only write <out>/mnist_pruning.md again from <out>/mnist_pruning.json (no training)")
     p.add_argument("--jobs", type=int, default=1,
                    help="train the networks of all seeds in this many processes at once (one thread each), then "
                         "evaluate them; the same numbers as --jobs 1 (default 1)")
@@ -287,6 +298,8 @@ def _scaled(data):
 
 
 def run(args) -> dict:
+    if args.report:
+        return _report(args.out)
     mnist_data.check_positive(seeds=args.seeds, epochs=args.epochs, jobs=args.jobs)
     if not isinstance(args.anneal_epochs, int) or args.anneal_epochs < 0:
         raise ValueError(f"--anneal-epochs must be a non-negative integer, got {args.anneal_epochs!r}")
@@ -324,6 +337,53 @@ def run(args) -> dict:
     return results
 
 
+def _report(out: str) -> dict:
+    """``--report``: the page written again from the results file (the picture kept as it is)."""
+    path = os.path.join(out, "mnist_pruning.json")
+    if not os.path.exists(path):
+        raise ValueError(f"--report: no results file {path!r} (run the experiment with --out {out!r} first)")
+    with open(path, encoding="utf-8") as f:
+        results = json.load(f)
+    picture = os.path.join(out, "mnist_pruning.png")
+    _common.write_text(os.path.join(out, "mnist_pruning.md"),
+                       markdown(results, picture if os.path.exists(picture) else None))
+    return results
+
+
+def _mean_se(values, fmt: str) -> str:
+    n = len(values)
+    m = sum(values) / n
+    if n < 2:
+        return format(m, fmt)
+    se = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1) / n)
+    return f"{format(m, fmt)} ± {format(se, fmt)}"
+
+
+def _target_lines(seeds: List[dict]) -> List[str]:
+    """Per rule: mean ± standard error over the seeds, and on how many seeds the issue's target
+    (error of the pruned posterior mean <= 1.1 %, widths <= 10-20-250-150) is met."""
+    lines = ["", "| rule | pruned, mean weights (%) | pruned, predictive (%) | parameters | FLOPs | "
+                 "seeds meeting the target |", "|---|---|---|---|---|---|"]
+    for rule in RULES:
+        ps = [s["pruned"][rule] for s in seeds]
+        met = sum(p["error_mean_weights"] <= TARGET_ERROR and
+                  all(w <= t for w, t in zip(p["architecture"], TARGET_WIDTHS)) for p in ps)
+        lines.append(f"| {rule} | {_mean_se([100 * p['error_mean_weights'] for p in ps], '.2f')} | "
+                     f"{_mean_se([100 * p['error_predictive'] for p in ps], '.2f')} | "
+                     f"{_mean_se([p['params'] for p in ps], '.0f')} | {_mean_se([p['flops'] for p in ps], '.0f')} | "
+                     f"{met} of {len(ps)} |")
+    lines += ["", f"Mean ± standard error over {len(seeds)} seed(s).  The target (every seed): test error of the "
+                  f"pruned network's posterior mean at most {100 * TARGET_ERROR:.1f}% and an architecture no larger "
+                  f"than {'-'.join(map(str, TARGET_WIDTHS))}, no collapsed seed."]
+    return lines
+
+
+def _table2_lines() -> List[str]:
+    return (["", "Table 2 of the paper (LeNet-5-Caffe 20-50-800-500 on MNIST, as printed):", "",
+             "| method | pruned architecture | FLOPs | parameters | error |", "|---|---|---|---|---|"]
+            + [f"| {' | '.join(row)} |" for row in TABLE2])
+
+
 def markdown(results: dict, picture: str = None) -> str:
     seeds = results["seeds"]
     st = results["settings"]
@@ -351,6 +411,7 @@ def markdown(results: dict, picture: str = None) -> str:
                          f"{pc(s['rdp']['error_mean_weights'])} / {pc(s['rdp']['error_predictive'])} | "
                          f"{pc(s['meanfield']['error_mean_weights'])} / {pc(s['meanfield']['error_predictive'])} | "
                          f"{pc(s['deterministic']['error_mean_weights'])} |")
+    lines += _target_lines(seeds) + _table2_lines()
     u = seeds[0]["unpruned"]
     lines += ["", f"Unpruned: {'-'.join(map(str, u['architecture']))}, {u['params']} parameters, {u['flops']} FLOPs.",
               "", f"The paper: {PAPER}. By the paper's own formulas 4-7-110-66 has (25+1)·4 + (4·25+1)·7 + (110+1)·66 "
