@@ -351,12 +351,9 @@ def _report(out: str) -> dict:
 
 
 def _mean_se(values, fmt: str) -> str:
-    n = len(values)
-    m = sum(values) / n
-    if n < 2:
-        return format(m, fmt)
-    se = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1) / n)
-    return f"{format(m, fmt)} ± {format(se, fmt)}"
+    """``mean ± standard error`` (:func:`_common.mean_se`); the mean alone for one value."""
+    m, se = _common.mean_se(values)
+    return format(m, fmt) if len(values) < 2 else f"{format(m, fmt)} ± {format(se, fmt)}"
 
 
 def _target_lines(seeds: List[dict]) -> List[str]:
