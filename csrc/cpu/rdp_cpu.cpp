@@ -31,21 +31,10 @@ struct CpuRdp : CpuSeeds {  // (for its Guard: rdp_kl draws nothing)
       const scalar_t* pg = x.glob.const_data_ptr<scalar_t>();
       scalar_t* ol = g_local.mutable_data_ptr<scalar_t>();
       scalar_t* og = g_glob.mutable_data_ptr<scalar_t>();
-      // factor j of a grouping whose rows start at p (stride `stride`), derivatives into o
-      const auto factor = [&](const scalar_t* p, scalar_t* o, int64_t stride, double beta, double log_beta) {
-        const auto row = [&](int r) { return static_cast<double>(p[r * stride]); };
-        const rdp::Term a = rdp::lognormal_term(row(0), row(2), 1.0, beta, log_beta);
-        const rdp::Term b = rdp::lognormal_term(row(1), row(3), -1.0, 1.0, 0.0);
-        o[0] = static_cast<scalar_t>(a.g_m);
-        o[stride] = static_cast<scalar_t>(b.g_m);
-        o[2 * stride] = static_cast<scalar_t>(a.g_rho);
-        o[3 * stride] = static_cast<scalar_t>(b.g_rho);
-        return a.kl + b.kl;
-      };
       at::parallel_for(0, G, 2048, [&](int64_t begin, int64_t end) {
-        for (int64_t j = begin; j < end; ++j) terms[j] = factor(pl + j, ol + j, G, beta_l, log_beta_l);
+        for (int64_t j = begin; j < end; ++j) terms[j] = rdp::radius_factor(pl + j, ol + j, G, beta_l, log_beta_l);
       });
-      terms[G] = factor(pg, og, 1, beta_g, log_beta_g);
+      terms[G] = rdp::radius_factor(pg, og, 1, beta_g, log_beta_g);
       const rdp::Directions dirs = rdp::directions(scalar(x.log_kappa), scalar(x.prior_kappa),
                                                    static_cast<double>(dim), static_cast<double>(G), uniform);
       kl.fill_(sum_chunk(terms.data(), G + 1) + dirs.kl);

@@ -42,15 +42,7 @@ __global__ void rdp_kl_terms(double* __restrict__ terms, scalar_t* __restrict__ 
     scalar_t* o = global ? g_glob : g_local + j;
     const int64_t stride = global ? 1 : G;
     const double tau = static_cast<double>(global ? *tau_global : *tau_local);
-    const rdp::Term a = rdp::lognormal_term(static_cast<double>(p[0]), static_cast<double>(p[2 * stride]), 1.0,
-                                            1.0 / (tau * tau), -2.0 * ::log(tau));
-    const rdp::Term b = rdp::lognormal_term(static_cast<double>(p[stride]), static_cast<double>(p[3 * stride]), -1.0,
-                                            1.0, 0.0);
-    o[0] = static_cast<scalar_t>(a.g_m);
-    o[stride] = static_cast<scalar_t>(b.g_m);
-    o[2 * stride] = static_cast<scalar_t>(a.g_rho);
-    o[3 * stride] = static_cast<scalar_t>(b.g_rho);
-    terms[j] = a.kl + b.kl;
+    terms[j] = rdp::radius_factor(p, o, stride, 1.0 / (tau * tau), -2.0 * ::log(tau));
   }
 }
 

@@ -57,6 +57,20 @@ VMF_INLINE Term lognormal_term(double m, double rho, double sign, double beta, d
   return r;
 }
 
+// One radius factor: its parameters at p[0], p[stride], p[2 stride], p[3 stride] (m_a, m_b,
+// rho_a, rho_b), its two terms' KL returned and their four derivatives written to o at the same
+// offsets.  beta, log_beta: the Gamma prior's rate of the a factor (1 / tau^2) and its log.
+template <typename scalar_t>
+VMF_INLINE double radius_factor(const scalar_t* p, scalar_t* o, int64_t stride, double beta, double log_beta) {
+  const Term a = lognormal_term(static_cast<double>(p[0]), static_cast<double>(p[2 * stride]), 1.0, beta, log_beta);
+  const Term b = lognormal_term(static_cast<double>(p[stride]), static_cast<double>(p[3 * stride]), -1.0, 1.0, 0.0);
+  o[0] = static_cast<scalar_t>(a.g_m);
+  o[stride] = static_cast<scalar_t>(b.g_m);
+  o[2 * stride] = static_cast<scalar_t>(a.g_rho);
+  o[3 * stride] = static_cast<scalar_t>(b.g_rho);
+  return a.kl + b.kl;
+}
+
 VMF_INLINE double log_sphere_area(double d) { return kLog2 + 0.5 * d * kLogPi - ::lgamma(0.5 * d); }
 
 // log C_d(kappa) + kappa; NaN for kappa < 0 or NaN.  Below kappa = 2^-20 the series
