@@ -90,6 +90,11 @@ def test_smoke_run_writes_the_results(data_dir, tmp_path, capsys):
     p = s["pruned"]["either"]
     assert f"| either | {100 * p['error_mean_weights']:.2f} | {100 * p['error_predictive']:.2f} | {p['params']} | " in md
     assert f"| {met} of 1 |" in md
+    c = s["target_cut"]  # the cut to the target widths, scored on the 200 training images
+    assert c["images"] == 200 and all(w <= t for w, t in zip(c["architecture"], (10, 20, 250, 150)))
+    assert 0.0 <= c["train_error"] <= 1.0 and 0.0 <= c["train_error_gap"] <= 1.0
+    assert (f"| 0 | {'-'.join(map(str, p['architecture']))} | {100 * c['train_error_gap']:.2f} | "
+            f"{'-'.join(map(str, c['architecture']))} | {c['params']} | {100 * c['train_error']:.2f} |") in md
     # --report writes the page again from the results file alone
     (out / "mnist_pruning.md").unlink()
     again = mnist_pruning.run(_args(["--out", str(out), "--report"]))
@@ -232,3 +237,38 @@ def test_masked_copy_matches_compress_and_zeroes_samples():
         assert bool((w[:, 2] == 0).all() and (w[:, :, 0] == 0).all()) and bool((w[:, 0, 1:] != 0).all())
         assert bool((b[:, 2] == 0).all()) == (rule == "either")
     assert math.isfinite(float(vnn.kl_divergence(model).detach()))  # the original is untouched
+
+
+def test_cut_to_target_keeps_the_largest_log_modes_and_scores_training_images():
+    """mnist_pruning.cut_to_target on LeNet-5's RDP posterior with distinct log-modes: the four
+    groupings that set the widths keep exactly their target counts of largest log-modes (the
+    other groupings stay at their thresholds), and its errors are those of the masked posterior
+    mean (masked_copy, a second path) on the same training images."""
+    torch.manual_seed(0)
+    rdp = mnist_pruning.build("rdp", 0)
+    with torch.no_grad():
+        for _, layer in vnn.bayesian_modules(rdp):
+            for side in ("row", "column"):
+                factor = getattr(layer, side)
+                factor.local_radius[0] = torch.randn(factor.local_radius.shape[1]) * 0.5
+    modes = {f"{n}.{s}": v.clone() for n, d in vnn.log_modes(rdp).items() for s, v in d.items()}
+    gap = {k: -math.inf for k in modes}
+    gap["9.column"] = float(torch.sort(modes["9.column"]).values[99:101].mean())  # 400 of fc2's 500 inputs kept
+    x, y = torch.randn(60, 1, 28, 28), torch.randint(0, 10, (60,))
+    c = mnist_pruning.cut_to_target(rdp, gap, modes, x, y)
+    assert c["images"] == 60
+    kept = {}
+    for key, width in (("0.row", 10), ("3.row", 20), ("7.column", 250), ("7.row", 150)):
+        kept[key] = modes[key] > c["thresholds"][key]
+        assert int(kept[key].sum()) == width
+        assert float(modes[key][kept[key]].min()) >= float(modes[key][~kept[key]].max())
+    # the authors' rule: fc1's inputs go with their own column or conv2's channel (16 inputs each),
+    # fc1's outputs with their row or fc2's column
+    fc1_in = int((kept["7.column"] & kept["3.row"].repeat_interleave(16)).sum())
+    fc1_out = int((kept["7.row"] & (modes["9.column"] > gap["9.column"])).sum())
+    assert c["architecture"] == [10, 20, fc1_in, fc1_out] and fc1_in < 250 and fc1_out < 150
+    assert c["thresholds"]["9.column"] == gap["9.column"] and c["thresholds"]["0.column"] is None
+    for th, err in ((gap, c["train_error_gap"]), ({k: (-math.inf if v is None else v)
+                                                  for k, v in c["thresholds"].items()}, c["train_error"])):
+        masked = mnist_pruning.masked_copy(rdp, th, "either")
+        assert err == mnist_pruning.errors(masked, x, y, False, 0)["error_mean_weights"]
