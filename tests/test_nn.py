@@ -703,6 +703,30 @@ def test_compress_removes_neurons_pruned_on_both_sides():
         vnn.compress(_Net())
 
 
+def test_compress_refuses_thresholds_it_cannot_use():
+    """A NaN threshold would prune every group (no log-mode exceeds NaN), a misspelt key would
+    silently fall back to the gap rule, a string is no threshold: each is an error naming it."""
+    torch.manual_seed(16)
+    model = nn.Sequential(vnn.RDPLinear(6, 5, grouping="double"), nn.ReLU(), vnn.RDPLinear(5, 3))
+    with pytest.raises(ValueError, match=r"compress: threshold is NaN"):
+        vnn.compress(model, threshold=float("nan"))
+    with pytest.raises(ValueError, match=r"threshold\['0.row'\] is NaN"):
+        vnn.compress(model, threshold={"0.row": float("nan")})
+    with pytest.raises(ValueError, match=r"names no grouping of the model: \['2.column'\].*'0.row', '0.column', '2.row'"):
+        vnn.compress(model, threshold={"0.row": -7.0, "2.column": -7.0})  # layer 2 has rows only
+    with pytest.raises(TypeError, match="threshold must be a real number, got str"):
+        vnn.compress(model, threshold="-7")
+    with pytest.raises(TypeError, match=r"threshold\['0.row'\] must be a real number, got NoneType"):
+        vnn.compress(model, threshold={"0.row": None})
+    # what it accepts: floats, ints, numpy and one-element tensor scalars, -inf and +inf
+    ref = vnn.compress(model, threshold=-7.0)
+    for t in (-7, np.float32(-7.0), torch.tensor(-7.0)):
+        assert vnn.architecture(vnn.compress(model, threshold=t)) == vnn.architecture(ref)
+    assert vnn.architecture(vnn.compress(model, threshold=-math.inf)) == "6-5"
+    assert vnn.architecture(vnn.compress(model, threshold={"0.row": math.inf, "0.column": -math.inf,
+                                                           "2.row": -math.inf}, rule="either")) == "6-1"
+
+
 @pytest.mark.parametrize("grouping", ["row", "column", "double"])
 def test_rdp_posterior_mean_matches_samples(grouping):
     """The closed-form E[W] (log-normal radius mean times A_d(kappa) mu) against the average of

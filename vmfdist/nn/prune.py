@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 from typing import Dict, Sequence, Union
 
 import torch
@@ -122,6 +123,18 @@ class SelectFeatures(nn.Module):
         return f"in_features={self.in_features}, out_features={self.index.numel()}"
 
 
+def _threshold_value(t, where: str) -> float:
+    """A log-mode threshold as a float: a real number or a one-element tensor, not NaN
+    (``-inf`` prunes nothing, ``+inf`` everything)."""
+    if isinstance(t, bool) or not (isinstance(t, numbers.Real) or (isinstance(t, torch.Tensor) and t.numel() == 1
+                                                                     and not t.is_complex())):
+        raise TypeError(f"compress: {where} must be a real number, got {type(t).__name__}")
+    v = float(t)
+    if math.isnan(v):
+        raise ValueError(f"compress: {where} is NaN (a log-mode threshold; -inf prunes nothing)")
+    return v
+
+
 def compress(model: torch.nn.Module, threshold: Union[None, float, Dict[str, float]] = None, use: str = "mean",
              min_separation: float = 2.0, rule: str = "both") -> torch.nn.Sequential:
     """A smaller plain ``nn.Sequential`` with the pruned neurons of an RDP model removed.
@@ -132,7 +145,8 @@ def compress(model: torch.nn.Module, threshold: Union[None, float, Dict[str, flo
             Linear/Conv2d layers are kept whole.
         threshold: ``None`` (per layer and grouping, :func:`gap_threshold`), a float (one
             log-mode threshold for all), or a dict ``{"<layer name>.row": t, ...}`` (missing
-            entries use the gap rule).
+            entries use the gap rule).  A NaN, a value that is not a real number or a key that
+            names no RDP grouping of ``model`` is an error; ``-inf`` prunes nothing.
         use: the weights kept: posterior ``"mean"`` or ``"mode"``.
         min_separation: passed to :func:`gap_threshold`.
         rule: when a hidden neuron is removed: ``"both"`` (default) when its incoming and its
@@ -141,6 +155,10 @@ def compress(model: torch.nn.Module, threshold: Union[None, float, Dict[str, flo
     """
     if rule not in ("both", "either"):
         raise ValueError(f"compress: rule must be 'both' or 'either', got {rule!r}")
+    if isinstance(threshold, dict):
+        threshold = {k: _threshold_value(v, f"threshold[{k!r}]") for k, v in threshold.items()}
+    elif threshold is not None:
+        threshold = _threshold_value(threshold, "threshold")
     if not isinstance(model, nn.Sequential):
         raise TypeError("compress: model must be an nn.Sequential (the order of its layers defines which neurons "
                         f"connect), got {type(model).__name__}")
@@ -151,6 +169,7 @@ def compress(model: torch.nn.Module, threshold: Union[None, float, Dict[str, flo
         raise ValueError("compress: the model has no Linear/Conv2d layers")
     # keep masks per weighted layer: rows (outputs) and columns (inputs)
     row_keep, col_keep, row_known, col_known = {}, {}, {}, {}
+    groupings = []  # the "<layer name>.<side>" keys of the model's RDP groupings
     for i in weighted:
         m = mods[i]
         n_in, n_out = _sizes(m)
@@ -160,17 +179,21 @@ def compress(model: torch.nn.Module, threshold: Union[None, float, Dict[str, flo
         if isinstance(m, _RDP):
             for side, lm in m.log_modes().items():
                 key = f"{names.get(id(m), '')}.{side}"
+                groupings.append(key)
                 if isinstance(threshold, dict):
                     t = threshold.get(key, gap_threshold(lm, min_separation))
                 elif threshold is None:
                     t = gap_threshold(lm, min_separation)
                 else:
-                    t = float(threshold)
+                    t = threshold
                 keep = (lm > t).cpu()
                 if side == "row":
                     row_keep[i], row_known[i] = keep, True
                 else:
                     col_keep[i], col_known[i] = keep, True
+    if isinstance(threshold, dict) and set(threshold) - set(groupings):
+        raise ValueError(f"compress: threshold names no grouping of the model: {sorted(set(threshold) - set(groupings))}"
+                         f"; its RDP groupings are {groupings}")
     # plain copies with point weights
     with torch.no_grad():
         plain = [to_deterministic(copy.deepcopy(m), use) if isinstance(m, BayesianModule) else copy.deepcopy(m)
