@@ -727,6 +727,19 @@ def test_compress_refuses_thresholds_it_cannot_use():
                                                            "2.row": -math.inf}, rule="either")) == "6-1"
 
 
+def test_gap_threshold_and_count_flops_refuse_bad_arguments():
+    with pytest.raises(ValueError, match="min_separation must be a non-negative number, got nan"):
+        vnn.gap_threshold(torch.tensor([1.0, 2.0, 30.0]), min_separation=math.nan)
+    with pytest.raises(ValueError, match="min_separation must be a non-negative number, got -1"):
+        vnn.gap_threshold(torch.tensor([1.0, 2.0, 30.0]), min_separation=-1)
+    assert vnn.gap_threshold(torch.tensor([1.0, 2.0, 30.0]), min_separation=math.inf) == -math.inf
+    net = nn.Sequential(nn.Linear(3, 2))
+    for bad in ("3", (3.0,), (0,), 3, (True,)):
+        with pytest.raises(ValueError, match="count_flops: input_shape must be a sequence of positive ints"):
+            vnn.count_flops(net, bad)
+    assert vnn.count_flops(net, torch.Size([3])) == vnn.count_flops(net, [3]) == 4 * 2
+
+
 @pytest.mark.parametrize("grouping", ["row", "column", "double"])
 def test_rdp_posterior_mean_matches_samples(grouping):
     """The closed-form E[W] (log-normal radius mean times A_d(kappa) mu) against the average of

@@ -98,7 +98,9 @@ def kl_rdp_grouping(log_kappa, local, glob, prior_kappa, tau_local, tau_global, 
     ``(kl, (d kl/d log_kappa, d kl/d local, d kl/d glob))``; all arguments but ``dim`` and
     ``uniform`` are tensors of one dtype and device (``log_kappa``, ``prior_kappa``, ``tau_*``
     0-dim).  Not differentiable itself: the gradient is returned (the layers wrap it in an autograd
-    function)."""
+    function).  Outside the domain -- ``tau_local`` or ``tau_global`` <= 0, ``prior_kappa`` < 0
+    or infinite, a NaN anywhere -- the KL is NaN (not checked: no host read per training step;
+    the layers check their buffers when built); ``dim`` < 2 is an error."""
     kl, g_log_kappa, g_local, g_glob = lib.rdp_kl(log_kappa, local, glob, prior_kappa, tau_local, tau_global,
                                                   int(dim), bool(uniform))
     return kl, (g_log_kappa, g_local, g_glob)

@@ -38,6 +38,7 @@ covers strides, dilation and groups :math:`g`), a fully-connected layer
 """
 from __future__ import annotations
 
+import collections.abc
 import copy
 import math
 import numbers
@@ -66,6 +67,8 @@ def gap_threshold(values: torch.Tensor, min_separation: float = 2.0) -> float:
     every gap), and the threshold is the middle of that gap.  ``-inf`` (prune nothing) when the
     two classes' means are less than ``min_separation`` apart (no clear second mode) or there
     are fewer than two values."""
+    if isinstance(min_separation, bool) or not isinstance(min_separation, numbers.Real) or not min_separation >= 0:
+        raise ValueError(f"gap_threshold: min_separation must be a non-negative number, got {min_separation!r}")
     v = torch.as_tensor(values).detach().reshape(-1).to(torch.float64)
     v = v[torch.isfinite(v)]
     n = v.numel()
@@ -345,6 +348,10 @@ def count_parameters(model: torch.nn.Module) -> int:
 def count_flops(model: torch.nn.Module, input_shape: Sequence[int]) -> int:
     """FLOPs of one forward pass of one example of shape ``input_shape`` (no batch
     dimension), with the paper's formulas (module docstring)."""
+    if isinstance(input_shape, (str, bytes)) or not isinstance(input_shape, collections.abc.Sequence) or not all(
+            isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1 for v in input_shape):
+        raise ValueError(f"count_flops: input_shape must be a sequence of positive ints (one example's shape, "
+                         f"no batch dimension), got {input_shape!r}")
     total = [0]
 
     def hook(m, inp, out):
