@@ -328,6 +328,14 @@ def test_bad_inputs_name_the_argument():
         vnn.fpr_at_tpr(s, torch.tensor([0.0, float("nan")]))
     with pytest.raises(ValueError, match="score_in must hold real scores"):
         vnn.fpr_at_tpr(s > 0, s)
+    # ood_auroc checks its scores alike (a NaN gave a rank-sum of garbage, e.g. 0.25)
+    with pytest.raises(ValueError, match="score_in holds NaN"):
+        vnn.ood_auroc(torch.tensor([float("nan"), 1.0]), s)
+    with pytest.raises(ValueError, match="score_out must be non-empty"):
+        vnn.ood_auroc(s, s[:0])
+    with pytest.raises(TypeError, match="score_out must be a tensor"):
+        vnn.ood_auroc(s, [0.1])
+    assert float(vnn.ood_auroc(torch.tensor([-math.inf, 0.0]), torch.tensor([math.inf, 1.0]))) == 1.0
     for bad_tpr in (0.0, 1.5, -0.1, float("nan"), "0.95"):
         with pytest.raises(ValueError, match="tpr must be a number in"):
             vnn.fpr_at_tpr(s, s, bad_tpr)

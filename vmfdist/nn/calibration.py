@@ -20,7 +20,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from .predictive import _labels, _probs, calibration_bins, ece
+from .predictive import _labels, _probs, _scores, calibration_bins, ece
 
 __all__ = ["adaptive_ece", "aurc", "fpr_at_tpr", "TemperatureScaling", "reliability_diagram"]
 
@@ -98,19 +98,6 @@ def aurc(pred, y) -> torch.Tensor:
     start = (ends - block_sizes)[block].to(torch.float64)  # examples ranked above this block
     cum_err = err_before[block] + (k - start) * (block_err / block_sizes)[block]
     return ((cum_err / k).sum() / n).to(dtype)
-
-
-def _scores(s, name):
-    if not isinstance(s, torch.Tensor):
-        raise TypeError(f"{name} must be a tensor of scores, got {type(s).__name__}")
-    if s.is_complex() or s.dtype == torch.bool:
-        raise ValueError(f"{name} must hold real scores, got dtype {s.dtype}")
-    if s.numel() == 0:
-        raise ValueError(f"{name} must be non-empty")
-    s = s.detach().reshape(-1).to(torch.float64)
-    if bool(torch.isnan(s).any()):
-        raise ValueError(f"{name} holds NaN values")
-    return s
 
 
 def fpr_at_tpr(score_in: torch.Tensor, score_out: torch.Tensor, tpr: float = 0.95) -> torch.Tensor:

@@ -224,16 +224,28 @@ def mutual_information(pred: PredictiveCategorical) -> torch.Tensor:
     return _entropy(pred.probs) - _entropy(pred.sample_probs).mean(0)
 
 
+def _scores(s, name):
+    if not isinstance(s, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor of scores, got {type(s).__name__}")
+    if s.is_complex() or s.dtype == torch.bool:
+        raise ValueError(f"{name} must hold real scores, got dtype {s.dtype}")
+    if s.numel() == 0:
+        raise ValueError(f"{name} must be non-empty")
+    s = s.detach().reshape(-1).to(torch.float64)
+    if bool(torch.isnan(s).any()):
+        raise ValueError(f"{name} holds NaN values")
+    return s
+
+
 def ood_auroc(score_in: torch.Tensor, score_out: torch.Tensor) -> torch.Tensor:
     r"""Area under the ROC curve for telling out-of-distribution inputs (``score_out``) from
     in-distribution ones (``score_in``) by a score that should be higher out of distribution
     (e.g. the predictive entropy): :math:`P(s_{out} > s_{in}) + \tfrac12 P(s_{out} = s_{in})`,
-    from the Mann--Whitney rank statistic with average ranks for ties."""
-    score_in, score_out = score_in.reshape(-1), score_out.reshape(-1)
+    from the Mann--Whitney rank statistic with average ranks for ties.  ``score_in``,
+    ``score_out``: non-empty real tensors (any shape; flattened; no NaN, which has no rank)."""
+    score_in, score_out = _scores(score_in, "score_in"), _scores(score_out, "score_out")
     n_in, n_out = score_in.numel(), score_out.numel()
-    if n_in == 0 or n_out == 0:
-        raise ValueError("score_in and score_out must both be non-empty")
-    allv = torch.cat([score_in, score_out]).to(torch.float64)
+    allv = torch.cat([score_in, score_out])
     order = torch.argsort(allv, stable=True)
     sorted_v = allv[order]
     _, inverse, counts = torch.unique_consecutive(sorted_v, return_inverse=True, return_counts=True)
