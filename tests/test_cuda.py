@@ -212,7 +212,7 @@ def test_samplers_and_layers_never_sync_with_the_host(what):
         m = torch.nn.Sequential(bnn.RadialLinear(256, 128, device=dev), torch.nn.ReLU(),
                                 bnn.MeanFieldLinear(128, 5, device=dev)).eval()
         x = torch.randn(2, 256, device=dev)
-        # (predict itself reads one flag on the host by design: its check that x is finite, docs/nn.md)
+        # (predict itself reads one flag pair on the host by design: its check that x and the outputs are finite)
         step = lambda: _predictive_forward(m, x, 8, None)  # noqa: E731
     else:
         m = _bayesian_models(dev)[what]

@@ -703,6 +703,22 @@ def test_compress_removes_neurons_pruned_on_both_sides():
         vnn.compress(_Net())
 
 
+def test_predict_names_non_finite_inputs_and_outputs():
+    torch.manual_seed(3)
+    model = vnn.to_bayesian(nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 3)), "meanfield")
+    x = torch.randn(5, 3)
+    x[3, 1] = math.inf
+    with pytest.raises(ValueError, match=r"x holds NaN or infinite values \(first in row 3\)"):
+        vnn.predict(model, x)
+    with torch.no_grad():
+        model[2].weight_mu[1, 2] = math.nan
+    with pytest.raises(FloatingPointError, match="outputs hold NaN or infinite values for a finite input"):
+        vnn.predict(model, torch.randn(5, 3))
+    with pytest.raises(FloatingPointError, match="2.weight_mu"):
+        vnn.check_finite(model)  # what the message points to
+    assert vnn.predict(model, torch.randn(0, 3)).probs.shape == (0, 3)  # nothing to check
+
+
 def test_compress_refuses_thresholds_it_cannot_use():
     """A NaN threshold would prune every group (no log-mode exceeds NaN), a misspelt key would
     silently fall back to the gap rule, a string is no threshold: each is an error naming it."""

@@ -55,6 +55,10 @@ def predict(model: torch.nn.Module, x: torch.Tensor, num_samples: int = 32, like
     reparameterisation (exact per example: see docs/nn.md, "Predictive and metrics").  Every
     example's predictive has the distribution the per-sample loop gives it; only the dependence
     between examples through a shared first-layer weight sample is dropped.
+
+    A non-finite ``x`` is a ``ValueError`` naming its first bad row; non-finite outputs for a
+    finite ``x`` a ``FloatingPointError`` (the parameters: :func:`~vmfdist.nn.check_finite`).
+    Both are checked with one host read per call, after the forward pass.
     """
     likelihood = Categorical() if likelihood is None else likelihood
     if not (isinstance(num_samples, int) and not isinstance(num_samples, bool) and num_samples >= 1):
@@ -62,15 +66,23 @@ def predict(model: torch.nn.Module, x: torch.Tensor, num_samples: int = 32, like
     rows = num_samples * max(x.shape[0] if isinstance(x, torch.Tensor) and x.dim() else 1, 1)  # (an empty x too)
     if rows > 2 ** 31:  # the predictive holds one output row per sample and example
         raise ValueError(f"num_samples x batch = {rows} exceeds 2**31 output rows; use fewer samples or a smaller batch")
-    if isinstance(x, torch.Tensor) and x.is_floating_point() and not bool(torch.isfinite(x).all()):
-        bad = (~torch.isfinite(x)).reshape(x.shape[0], -1).any(1).nonzero()[0, 0] if x.dim() else 0
-        raise ValueError(f"x holds NaN or infinite values (first in row {int(bad)})")
     was_training = model.training
     model.eval()
     try:
         out = _predictive_forward(model, x, num_samples, samples_per_pass)
     finally:
         model.train(was_training)
+    # one host read for both checks: x finite, and then the outputs of the model
+    x_ok = torch.isfinite(x).all() if isinstance(x, torch.Tensor) and x.is_floating_point() else None
+    out_ok = torch.isfinite(out).all() if out.is_floating_point() else torch.ones((), dtype=torch.bool)
+    ok = (out_ok if x_ok is None else torch.stack([x_ok.to(out_ok.device), out_ok])).tolist()
+    ok = ok if isinstance(ok, list) else [True, ok]
+    if not ok[0]:
+        bad = (~torch.isfinite(x)).reshape(x.shape[0], -1).any(1).nonzero()[0, 0] if x.dim() else 0
+        raise ValueError(f"x holds NaN or infinite values (first in row {int(bad)})")
+    if not ok[-1]:
+        raise FloatingPointError("predict: the model's outputs hold NaN or infinite values for a finite input; check "
+                                 "its parameters (vmfdist.nn.check_finite(model) names the non-finite ones)")
     if isinstance(likelihood, Categorical):
         if out.dim() != 3 or out.shape[-1] < 2:
             raise ValueError(f"predict: the default likelihood is Categorical, which needs (batch, classes >= 2) "
