@@ -9,7 +9,10 @@ epochs (200 as the authors):
   initialised at the prior's (``init_eps = prior_eps = 0.1``: both solve
   :math:`A_d(\kappa) = 0.9`) and the log-normal radius factors at scale 1e-4, all as in the
   authors' code (github.com/ChangYong-Oh/RadiusDirectionPosteriors: ``main.py``,
-  ``HalfCauchy-fc0.01-conv0.01.json``, ``models/lenet_prior.py``, ``compress.py``);
+  ``HalfCauchy-fc0.01-conv0.01.json``, ``models/lenet_prior.py``, ``compress.py``) -- except
+  three things the authors' code does differently (docs/experiments.md): its first convolution
+  is a mean-field Gaussian layer pruned by filter norm, its thresholds are set by hand, and it
+  trains on 50,000 of the 60,000 images;
 * a mean-field (Bayes by Backprop) network (``kind="meanfield"``, the library's defaults);
 * a deterministic network (cross-entropy only).
 
