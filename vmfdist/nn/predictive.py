@@ -73,14 +73,13 @@ def predict(model: torch.nn.Module, x: torch.Tensor, num_samples: int = 32, like
     finally:
         model.train(was_training)
     # one host read for both checks: x finite, and then the outputs of the model
-    x_ok = torch.isfinite(x).all() if isinstance(x, torch.Tensor) and x.is_floating_point() else None
-    out_ok = torch.isfinite(out).all() if out.is_floating_point() else torch.ones((), dtype=torch.bool)
-    ok = (out_ok if x_ok is None else torch.stack([x_ok.to(out_ok.device), out_ok])).tolist()
-    ok = ok if isinstance(ok, list) else [True, ok]
-    if not ok[0]:
+    finite = [torch.isfinite(t).all().to(out.device) if isinstance(t, torch.Tensor) and t.is_floating_point()
+              else torch.ones((), dtype=torch.bool, device=out.device) for t in (x, out)]
+    x_ok, out_ok = torch.stack(finite).tolist()
+    if not x_ok:
         bad = (~torch.isfinite(x)).reshape(x.shape[0], -1).any(1).nonzero()[0, 0] if x.dim() else 0
         raise ValueError(f"x holds NaN or infinite values (first in row {int(bad)})")
-    if not ok[-1]:
+    if not out_ok:
         raise FloatingPointError("predict: the model's outputs hold NaN or infinite values for a finite input; check "
                                  "its parameters (vmfdist.nn.check_finite(model) names the non-finite ones)")
     if isinstance(likelihood, Categorical):
