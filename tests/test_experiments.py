@@ -612,6 +612,66 @@ def test_uci_paper_cadence_as_run(tmp_path, monkeypatch):
         uci_paper.train("noisy-ekfac", [], 1, [], cadence="sometimes")
 
 
+@pytest.mark.parametrize("method", uci_paper.PAPER_METHODS)
+def test_uci_paper_resume_after_an_interruption_gives_the_same_numbers(tmp_path, monkeypatch, method):
+    """A paper-recipe task killed after its second of four epochs and continued from its checkpoint gives the
+    numbers of the uninterrupted task, bit for bit (optimizer, noise posterior, schedules and every member's
+    random streams restored); a checkpoint of other settings is refused."""
+    _fake_uci(tmp_path, name="aaa", seed=4, splits=3)
+    data = uci.load_dataset("aaa", str(tmp_path))
+    sps = [uci.make_split(data, k) for k in range(3)]
+    seeds = [11, 12, 13]
+    whole, _ = uci_paper.train(method, sps, 4, seeds, "share")
+    settings = dict(method=method, epochs=4)
+    path = str(tmp_path / "ck" / "aaa.pt")
+
+    class Killed(Exception):
+        pass
+
+    real_save = uci_paper.Checkpoint.save
+
+    def save_then_die(self, epoch, state):
+        real_save(self, epoch, state)
+        if epoch == 2:
+            raise Killed
+
+    monkeypatch.setattr(uci_paper.Checkpoint, "save", save_then_die)
+    with pytest.raises(Killed):
+        uci_paper.train(method, sps, 4, seeds, "share", checkpoint=uci_paper.Checkpoint(path, settings, False))
+    monkeypatch.setattr(uci_paper.Checkpoint, "save", real_save)
+    assert torch.load(path, weights_only=False)["epoch"] == 2
+    resumed, _ = uci_paper.train(method, sps, 4, seeds, "share", checkpoint=uci_paper.Checkpoint(path, settings, True))
+    assert resumed == whole
+    assert torch.load(path, weights_only=False)["epoch"] == 4
+    again, _ = uci_paper.train(method, sps, 4, seeds, "share", checkpoint=uci_paper.Checkpoint(path, settings, True))
+    assert again == whole  # a finished task is evaluated again, not trained
+    with pytest.raises(ValueError, match="--resume: the checkpoint .* belongs to a run with other settings"):
+        uci_paper.train(method, sps, 4, seeds, "share",
+                        checkpoint=uci_paper.Checkpoint(path, dict(settings, epochs=5), True))
+
+
+def test_uci_paper_resume_on_the_command_line(tmp_path, capsys):
+    """--resume: the paper recipe's checkpoints are written by every run and continued by the next; refused
+    for our recipe, and against a checkpoint of another cadence."""
+    data_dir, out = tmp_path / "uci", tmp_path / "o"
+    _fake_uci(data_dir, name="aaa", seed=5)
+    base = ["uci", "--data-dir", str(data_dir), "--epochs", "2", "--jobs", "1", "--datasets", "aaa", "--preset",
+            "paper", "--methods", "noisy-ekfac", "--particle-batch", "share", "--out", str(out)]
+    cli.main(base)
+    first = json.loads((out / "uci.json").read_text())
+    assert (out / "uci_paper_checkpoints" / "aaa_noisy-ekfac.pt").exists() and first["settings"]["resume"] is False
+    cli.main(base + ["--resume"])
+    second = json.loads((out / "uci.json").read_text())
+    assert second["datasets"]["aaa"] == first["datasets"]["aaa"] and second["settings"]["resume"] is True
+    with pytest.raises(SystemExit):  # our recipe: nothing to resume
+        cli.main(["uci", "--data-dir", str(data_dir), "--methods", "map", "--epochs", "1", "--jobs", "1",
+                  "--datasets", "aaa", "--out", str(tmp_path / "ours"), "--resume"])
+    capsys.readouterr()
+    with pytest.raises(SystemExit):  # (--replace: past the refusal to mix cadences in one uci.json)
+        cli.main(base + ["--resume", "--cadence", "as-run", "--replace"])
+    assert "belongs to a run with other settings" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("a", [0.4, 1.0, 6.0, 250.0])
 def test_uci_paper_gamma_draws(a):
     """The noise-precision sampler (Marsaglia-Tsang, per-member generators): mean a and variance a of Gamma(a, 1)

@@ -164,3 +164,21 @@ def write_results(out: str, stem: str, results: dict, plot: Callable[[str], Opti
     text = markdown(results, picture)
     write_text(os.path.join(out, f"{stem}.md"), text)
     print(text)
+
+
+def save_checkpoint(path: str, state: dict) -> None:
+    """``torch.save(state)`` to ``path`` atomically (a kill mid-write keeps the previous checkpoint)."""
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+
+def load_checkpoint(path: str, settings: dict) -> Optional[dict]:
+    """The checkpoint at ``path`` (``None`` when there is none); ``ValueError`` when it was
+    written with other ``settings`` (its ``"settings"`` entry), so that ``--resume`` never
+    continues a different run."""
+    if not os.path.exists(path):
+        return None
+    state = torch.load(path, weights_only=False)
+    if state.get("settings") != settings:
+        raise ValueError(f"--resume: the checkpoint {path!r} belongs to a run with other settings "
+                         f"({state.get('settings')}); remove it or run with the same options")
+    return state

@@ -9,8 +9,7 @@ has a default location.
 from __future__ import annotations
 
 import argparse
-import os
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 from torch import nn
@@ -75,22 +74,9 @@ def lenet5_caffe(classes: int = 10) -> nn.Sequential:
                          nn.Linear(800, 500), nn.ReLU(), nn.Linear(500, classes))
 
 
-def save_checkpoint(path: str, state: dict) -> None:
-    """``torch.save(state)`` to ``path`` atomically (a kill mid-write keeps the previous checkpoint)."""
-    _common.atomic_write(path, lambda tmp: torch.save(state, tmp))
-
-
-def load_checkpoint(path: str, settings: dict) -> Optional[dict]:
-    """The checkpoint at ``path`` (``None`` when there is none); ``ValueError`` when it was
-    written with other ``settings`` (its ``"settings"`` entry), so that ``--resume`` never
-    continues a different run."""
-    if not os.path.exists(path):
-        return None
-    state = torch.load(path, weights_only=False)
-    if state.get("settings") != settings:
-        raise ValueError(f"--resume: the checkpoint {path!r} belongs to a run with other settings "
-                         f"({state.get('settings')}); remove it or run with the same options")
-    return state
+# (kept here for the experiments that import them from this module)
+save_checkpoint = _common.save_checkpoint
+load_checkpoint = _common.load_checkpoint
 
 
 def rng_state() -> dict:

@@ -359,6 +359,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _common.out_argument(p, "uci.json and uci.md (merged with the results already there, unless --replace)")
     p.add_argument("--replace", action="store_true",
                    help="start uci.json afresh instead of merging this run's data sets and methods into it")
+    p.add_argument("--resume", action="store_true",
+                   help="--preset paper: continue each (data set, method) from the checkpoint that every paper-recipe "
+                        "run writes after each epoch (<out>/uci_paper_checkpoints/), to the numbers of an "
+                        "uninterrupted run; a finished task is only evaluated again")
 
 
 # Work is scheduled as independent (data set, method, split) tasks, each on one thread with its
@@ -405,8 +409,8 @@ def _task(data_dir: str, name: str, method: str, split: int, epochs: Optional[in
 
 
 def _paper_task(data_dir: str, name: str, method: str, splits: List[int], epochs: int, protocol: str,
-                naval_target: str, particle_batch: str, cadence: str = "intended"
-                ) -> Tuple[List[Dict[str, float]], float]:
+                naval_target: str, particle_batch: str, cadence: str = "intended", out: Optional[str] = None,
+                resume: bool = False) -> Tuple[List[Dict[str, float]], float]:
     """One (data set, method) of ``--preset paper``: every split of the protocol as one member of one batched
     model, one thread; the metrics of ``splits``.  (Every split trains, whichever are reported: a member's
     numbers depend only on its own random streams, but batched ``eigh`` and matrix products round differently
@@ -417,7 +421,11 @@ def _paper_task(data_dir: str, name: str, method: str, splits: List[int], epochs
         members = list(range(len(data.splits)))
         sps = [make_split(data, k) for k in members]
         seeds = [seed_for(data.name, "paper-" + method, k, protocol) for k in members]
-        res, secs = uci_paper.train(method, sps, epochs, seeds, particle_batch, cadence)
+        ckpt = None if out is None else uci_paper.Checkpoint(
+            os.path.join(out, "uci_paper_checkpoints", f"{data.name}_{method}.pt"),
+            dict(dataset=data.name, method=method, split_protocol=protocol, naval_target=naval_target,
+                 particle_batch=particle_batch, cadence=cadence, epochs=epochs, seeds=seeds), resume)
+        res, secs = uci_paper.train(method, sps, epochs, seeds, particle_batch, cadence, ckpt)
         return [res[k] for k in splits], secs
 
 
@@ -480,6 +488,10 @@ def run(args) -> dict:
                 raise ValueError(f"--methods: --preset paper runs {', '.join(uci_paper.PAPER_METHODS)}, not {m!r}")
         if overrides or validation:
             raise ValueError("--preset paper is the authors' recipe: --set and --validation do not apply to it")
+    resume = bool(getattr(args, "resume", False))
+    if resume and not paper:
+        raise ValueError("--resume continues --preset paper runs (their tasks checkpoint every epoch); our recipe's "
+                         "tasks are short and are run again")
     if protocol not in SPLIT_PROTOCOLS:
         raise ValueError(f"--split-protocol must be one of {', '.join(SPLIT_PROTOCOLS)}, got {protocol!r}")
     if naval_target not in NAVAL_TARGETS:
@@ -493,7 +505,7 @@ def run(args) -> dict:
         "split_protocol": protocol, "naval_target": naval_target,
         "methods": {m: settings_for("", m, overrides) for m in methods}}, "meta": meta}
     if paper:
-        results["settings"].update(preset="paper", particle_batch=particle_batch, cadence=cadence,
+        results["settings"].update(preset="paper", particle_batch=particle_batch, cadence=cadence, resume=resume,
                                    paper=dict(uci_paper.PAPER),
                                    batch="10 (<= 5000 train), else 100", methods={m: "paper" for m in methods})
     # fail early on a bad name
@@ -515,7 +527,8 @@ def run(args) -> dict:
         for data, splits in zip(datasets, split_lists):
             if paper:  # one task per (data set, method): its splits are one batched model
                 futs = {(m, None): pool.submit(_paper_task, args.data_dir, data.name, m, splits, paper_epochs, protocol,
-                                               naval_target, particle_batch, cadence) for m in order}
+                                               naval_target, particle_batch, cadence, args.out, resume)
+                        for m in order}
             else:
                 futs = {(m, k): pool.submit(_task, args.data_dir, data.name, m, k, args.epochs, validation, overrides,
                                             protocol, naval_target)

@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from ..optim import BatchedNoisyEKFAC, BatchedNoisyKFAC
 from ..optim._step import mix64
+from . import _common
 from .uci_data import Split
 
 #: The recipe's numbers (docs/experiments/uci_paper_recipe.md).
@@ -59,6 +60,41 @@ def _stack(splits: List[Split]):
     X = torch.stack([s.x_train for s in splits]).to(DT)
     Y = torch.stack([s.y_train for s in splits]).to(DT)
     return X, Y
+
+
+class Checkpoint:
+    """The state of one (data set, method) task after each epoch, written to ``path`` (atomically: a kill
+    mid-write keeps the previous one); with ``resume`` the task continues from it -- every tensor, optimizer
+    and random stream restored, so to the numbers of an uninterrupted run -- and a file written with other
+    ``settings`` is refused."""
+
+    def __init__(self, path: str, settings: dict, resume: bool):
+        self.path, self.settings, self.resume = path, dict(settings), bool(resume)
+
+    def load(self) -> Optional[dict]:
+        return _common.load_checkpoint(self.path, self.settings) if self.resume else None
+
+    def save(self, epoch: int, state: dict) -> None:
+        _common.save_checkpoint(self.path, dict(state, settings=self.settings, epoch=epoch))
+
+
+def _rng_states(gens: List[torch.Generator]) -> List[torch.Tensor]:
+    return [g.get_state() for g in gens]
+
+
+def _set_rng_states(gens: List[torch.Generator], states: List[torch.Tensor]) -> None:
+    for g, st in zip(gens, states):
+        g.set_state(st)
+
+
+def _restore(checkpoint: Optional[Checkpoint], setters: Dict[str, Callable]) -> int:
+    """The epoch to start from: 0, or the checkpoint's, after handing each saved entry to its setter."""
+    saved = None if checkpoint is None else checkpoint.load()
+    if saved is None:
+        return 0
+    for key, setter in setters.items():
+        setter(saved[key])
+    return saved["epoch"]
 
 
 def _glorot_mlp(d: int, hidden: int, seed: int) -> nn.Sequential:
@@ -129,6 +165,16 @@ class _NoisePosterior:
         """(E, n) draws of τ ~ q, member e's from ``gens[e]``."""
         return _tau_draws(self.log_a.detach().exp(), self.log_b.detach().exp(), n, gens)
 
+    def state_dict(self) -> dict:
+        return {"log_a": self.log_a.detach().clone(), "log_b": self.log_b.detach().clone(),
+                "adam": self.opt.state_dict()}
+
+    def load_state_dict(self, sd: dict) -> None:
+        with torch.no_grad():
+            self.log_a.copy_(sd["log_a"])
+            self.log_b.copy_(sd["log_b"])
+        self.opt.load_state_dict(sd["adam"])
+
     def update(self, mse: torch.Tensor) -> None:
         a0, b0 = PAPER["gamma_prior"]
         a, b = self.log_a.exp(), self.log_b.exp()
@@ -175,8 +221,10 @@ def _metrics(splits: List[Split], f: torch.Tensor, tau: torch.Tensor) -> List[Di
 
 
 def train_noisy(splits: List[Split], ekfac: bool, epochs: int, seeds: List[int],
-                particle_batch: str = "whole", cadence: str = "intended") -> List[Dict[str, float]]:
-    """Noisy (E)K-FAC by the authors' recipe on the splits of one data set, one member per split."""
+                particle_batch: str = "whole", cadence: str = "intended",
+                checkpoint: Optional[Checkpoint] = None) -> List[Dict[str, float]]:
+    """Noisy (E)K-FAC by the authors' recipe on the splits of one data set, one member per split
+    (``checkpoint``: written after every epoch, continued from when it says so)."""
     X, Y = _stack(splits)
     E, n, d = X.shape
     batch = splits[0].batch_size
@@ -191,7 +239,10 @@ def train_noisy(splits: List[Split], ekfac: bool, epochs: int, seeds: List[int],
     gens = _streams(seeds, 2)
     tau_gens = _streams(seeds, 3)
     rows = torch.arange(E)[:, None]
-    for _ in range(epochs):
+    start = _restore(checkpoint, {"optimizer": opt.load_state_dict, "noise": noise.load_state_dict,
+                                  "batch_rng": lambda st: _set_rng_states(gens, st),
+                                  "tau_rng": lambda st: _set_rng_states(tau_gens, st)})
+    for epoch in range(start, epochs):
         for idx in _batches(n, batch, gens):
             xb, yb = X[rows, idx], Y[rows, idx]
             if particle_batch == "whole":
@@ -203,15 +254,19 @@ def train_noisy(splits: List[Split], ekfac: bool, epochs: int, seeds: List[int],
             tau = noise.sample(P, tau_gens)
             opt.step(xb, yb, precision=tau.to(DT))
             noise.update(opt.last_sq_error)
+        if checkpoint is not None:
+            checkpoint.save(epoch + 1, {"optimizer": opt.state_dict(), "noise": noise.state_dict(),
+                                        "batch_rng": _rng_states(gens), "tau_rng": _rng_states(tau_gens)})
     S = PAPER["test_samples"]
     Xt = torch.stack([s.x_test for s in splits]).to(DT)
     f = opt.predict(Xt, S, _streams(seeds, 4))[..., 0]  # (E, S, N)
     return _metrics(splits, f, noise.sample(S, _streams(seeds, 6)))
 
 
-def train_bbb(splits: List[Split], epochs: int, seeds: List[int],
-              particle_batch: str = "whole") -> List[Dict[str, float]]:
-    """Bayes by Backprop (ours, see the module docstring) on the splits of one data set, one member per split."""
+def train_bbb(splits: List[Split], epochs: int, seeds: List[int], particle_batch: str = "whole",
+              checkpoint: Optional[Checkpoint] = None) -> List[Dict[str, float]]:
+    """Bayes by Backprop (ours, see the module docstring) on the splits of one data set, one member per split
+    (``checkpoint`` as in :func:`train_noisy`)."""
     X, Y = _stack(splits)
     E, n, d = X.shape
     batch, hidden, P = splits[0].batch_size, splits[0].n_hidden, PAPER["particles"]
@@ -242,7 +297,17 @@ def train_bbb(splits: List[Split], epochs: int, seeds: List[int],
         h = nn.functional.pad(x, (0, 1), value=1.0) @ ws[0].mT
         return (nn.functional.pad(h.relu(), (0, 1), value=1.0) @ ws[1].mT)[..., 0]
 
-    for _ in range(epochs):
+    params = mus + rhos + [log_a, log_b]
+    def set_params(values):
+        with torch.no_grad():
+            for t, v in zip(params, values):
+                t.copy_(v)
+
+    start = _restore(checkpoint, {"params": set_params, "optimizer": opt.load_state_dict,
+                                  "scheduler": sched.load_state_dict,
+                                  "batch_rng": lambda st: _set_rng_states(gens, st),
+                                  "noise_rng": lambda st: _set_rng_states(noise_gens, st)})
+    for epoch in range(start, epochs):
         for idx in _batches(n, batch, gens):
             xb, yb = X[rows, idx], Y[rows, idx]
             if particle_batch == "whole":
@@ -262,6 +327,10 @@ def train_bbb(splits: List[Split], epochs: int, seeds: List[int],
             loss.backward()
             opt.step()
             sched.step()
+        if checkpoint is not None:
+            checkpoint.save(epoch + 1, {"params": [t.detach().clone() for t in params], "optimizer": opt.state_dict(),
+                                        "scheduler": sched.state_dict(), "batch_rng": _rng_states(gens),
+                                        "noise_rng": _rng_states(noise_gens)})
     S = PAPER["test_samples"]
     with torch.no_grad():
         Xt = torch.stack([s.x_test for s in splits]).to(DT)
@@ -270,9 +339,10 @@ def train_bbb(splits: List[Split], epochs: int, seeds: List[int],
     return _metrics(splits, f, tau)
 
 
-def train(method: str, splits: List[Split], epochs: int, seeds: List[int],
-          particle_batch: str = "whole", cadence: str = "intended") -> Tuple[List[Dict[str, float]], float]:
-    """One method by the paper's recipe on a data set's splits: (per-split metrics, seconds)."""
+def train(method: str, splits: List[Split], epochs: int, seeds: List[int], particle_batch: str = "whole",
+          cadence: str = "intended", checkpoint: Optional[Checkpoint] = None
+          ) -> Tuple[List[Dict[str, float]], float]:
+    """One method by the paper's recipe on a data set's splits: (per-split metrics, seconds of this call)."""
     if method not in PAPER_METHODS:
         raise ValueError(f"--preset paper runs {', '.join(PAPER_METHODS)}; got method {method!r}")
     if particle_batch not in PARTICLE_BATCHES:
@@ -281,7 +351,7 @@ def train(method: str, splits: List[Split], epochs: int, seeds: List[int],
         raise ValueError(f"--cadence must be one of {', '.join(CADENCES)}, got {cadence!r}")
     t0 = time.perf_counter()
     if method == "bbb":
-        res = train_bbb(splits, epochs, seeds, particle_batch)
+        res = train_bbb(splits, epochs, seeds, particle_batch, checkpoint)
     else:
-        res = train_noisy(splits, method == "noisy-ekfac", epochs, seeds, particle_batch, cadence)
+        res = train_noisy(splits, method == "noisy-ekfac", epochs, seeds, particle_batch, cadence, checkpoint)
     return res, time.perf_counter() - t0
