@@ -205,6 +205,31 @@ def test_uci_paper_preset_and_momentum_checks():
             NoisyKFAC(model, 100, "regression", momentum=bad)
     with pytest.raises(ValueError, match="reinit_damped must be True or False"):
         NoisyEKFAC(model, 100, "regression", reinit_damped="yes")
+    with pytest.raises(ValueError, match="ema_from_init must be True or False"):
+        NoisyKFAC(model, 100, "regression", ema_from_init=1)
+
+
+@pytest.mark.parametrize("preset", ["uci_paper", "uci"])
+def test_factor_start_and_average_follow_the_preset(preset):
+    """"uci_paper" starts the first layer's input factor at I + T T^T, T = 0.1 N(0, 1) from the seed's stream
+    mix64(seed, 0, 7) (the authors' initializer), and averages at the rate beta from there: after one step
+    A = (1 - beta) A_0 + beta [x | 1]^T [x | 1] / B.  "uci" starts at I and takes the plain mean, which
+    forgets it: A = [x | 1]^T [x | 1] / B.  (The first layer's input does not depend on the weight noise.)"""
+    from vmfdist.optim._step import mix64
+
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1)).to(DT)
+    opt = NoisyKFAC(model, 100, "regression", preset=preset, seed=41, T_inv=1)
+    st = opt.state[model[0].weight]
+    t = 0.1 * torch.randn(4, 4, generator=torch.Generator().manual_seed(mix64(41, 0, 7)), dtype=torch.float64)
+    a0 = torch.eye(4, dtype=DT) + (t @ t.T if preset == "uci_paper" else 0)
+    torch.testing.assert_close(st["A"], a0, rtol=0, atol=0)
+    x = torch.randn(8, 3, dtype=DT)
+    opt.step(x, torch.randn(8, 1, dtype=DT))
+    xa = torch.cat([x, torch.ones(8, 1, dtype=DT)], 1)
+    beta = opt.hp["beta"]
+    want = (1 - beta) * a0 + beta * xa.T @ xa / 8 if preset == "uci_paper" else xa.T @ xa / 8
+    torch.testing.assert_close(opt.state[model[0].weight]["A"], want, rtol=1e-13, atol=1e-15)
 
 
 @pytest.mark.parametrize("cls", [NoisyKFAC, NoisyEKFAC])

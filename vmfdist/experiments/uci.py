@@ -359,6 +359,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _common.out_argument(p, "uci.json and uci.md (merged with the results already there, unless --replace)")
     p.add_argument("--replace", action="store_true",
                    help="start uci.json afresh instead of merging this run's data sets and methods into it")
+    p.add_argument("--factor-average", default="ema", choices=uci_paper.FACTOR_AVERAGES,
+                   help="--preset paper, noisy (E)K-FAC: 'ema' (default) averages the Kronecker factors exponentially "
+                        "from I + T T^T, as the authors' code; 'mean' takes the plain mean of the first 1/beta "
+                        "updates (what the runs recorded before this option did)")
     p.add_argument("--resume", action="store_true",
                    help="--preset paper: continue each (data set, method) from the checkpoint that every paper-recipe "
                         "run writes after each epoch (<out>/uci_paper_checkpoints/), to the numbers of an "
@@ -410,7 +414,7 @@ def _task(data_dir: str, name: str, method: str, split: int, epochs: Optional[in
 
 def _paper_task(data_dir: str, name: str, method: str, splits: List[int], epochs: int, protocol: str,
                 naval_target: str, particle_batch: str, cadence: str = "intended", out: Optional[str] = None,
-                resume: bool = False) -> Tuple[List[Dict[str, float]], float]:
+                resume: bool = False, factor_average: str = "ema") -> Tuple[List[Dict[str, float]], float]:
     """One (data set, method) of ``--preset paper``: every split of the protocol as one member of one batched
     model, one thread; the metrics of ``splits``.  (Every split trains, whichever are reported: a member's
     numbers depend only on its own random streams, but batched ``eigh`` and matrix products round differently
@@ -424,8 +428,9 @@ def _paper_task(data_dir: str, name: str, method: str, splits: List[int], epochs
         ckpt = None if out is None else uci_paper.Checkpoint(
             os.path.join(out, "uci_paper_checkpoints", f"{data.name}_{method}.pt"),
             dict(dataset=data.name, method=method, split_protocol=protocol, naval_target=naval_target,
-                 particle_batch=particle_batch, cadence=cadence, epochs=epochs, seeds=seeds), resume)
-        res, secs = uci_paper.train(method, sps, epochs, seeds, particle_batch, cadence, ckpt)
+                 particle_batch=particle_batch, cadence=cadence, factor_average=factor_average, epochs=epochs,
+                 seeds=seeds), resume)
+        res, secs = uci_paper.train(method, sps, epochs, seeds, particle_batch, cadence, ckpt, factor_average)
         return [res[k] for k in splits], secs
 
 
@@ -478,6 +483,7 @@ def run(args) -> dict:
     paper = getattr(args, "preset", "ours") == "paper"
     particle_batch = getattr(args, "particle_batch", "whole")
     cadence = getattr(args, "cadence", "intended")
+    factor_average = getattr(args, "factor_average", "ema")
     protocol = getattr(args, "split_protocol", None) or ("random10" if paper else "standard")
     naval_target = getattr(args, "naval_target", None) or ("turbine" if paper else "compressor")
     if paper:
@@ -506,6 +512,7 @@ def run(args) -> dict:
         "methods": {m: settings_for("", m, overrides) for m in methods}}, "meta": meta}
     if paper:
         results["settings"].update(preset="paper", particle_batch=particle_batch, cadence=cadence, resume=resume,
+                                   factor_average=factor_average,
                                    paper=dict(uci_paper.PAPER),
                                    batch="10 (<= 5000 train), else 100", methods={m: "paper" for m in methods})
     # fail early on a bad name
@@ -527,7 +534,7 @@ def run(args) -> dict:
         for data, splits in zip(datasets, split_lists):
             if paper:  # one task per (data set, method): its splits are one batched model
                 futs = {(m, None): pool.submit(_paper_task, args.data_dir, data.name, m, splits, paper_epochs, protocol,
-                                               naval_target, particle_batch, cadence, args.out, resume)
+                                               naval_target, particle_batch, cadence, args.out, resume, factor_average)
                         for m in order}
             else:
                 futs = {(m, k): pool.submit(_task, args.data_dir, data.name, m, k, args.epochs, validation, overrides,
@@ -547,7 +554,8 @@ def run(args) -> dict:
                     res[m] = {"split": list(splits), "test_ll": [r["test_ll"] for r in per_split],
                               "rmse": [r["rmse"] for r in per_split],
                               "settings": {"preset": "paper", "particle_batch": particle_batch,
-                                           "cadence": cadence, "epochs": paper_epochs}}
+                                           "cadence": cadence, "epochs": paper_epochs,
+                                           "factor_average": factor_average if m != "bbb" else None}}
                     results["task_seconds"][f"{data.name}/{m}"] = round(secs, 2)
                     continue
                 hp = settings_for(data.name, m, overrides)
@@ -590,7 +598,7 @@ def _merged(out: str, results: dict, validation: bool, replace: bool) -> dict:
         kind = "validation" if old.get("settings", {}).get("validation") else "test"
         raise ValueError(f"{path} holds a {kind} run; write this one to another --out, or pass --replace")
     for key, default in (("split_protocol", "standard"), ("naval_target", "compressor"), ("preset", "ours"),
-                         ("particle_batch", "whole"), ("cadence", "intended")):
+                         ("particle_batch", "whole"), ("cadence", "intended"), ("factor_average", "mean")):
         was, now = old.get("settings", {}).get(key, default), results["settings"].get(key, default)
         if was != now:
             flag = "--" + key.replace("_", "-")
@@ -605,6 +613,8 @@ def _merged(out: str, results: dict, validation: bool, replace: bool) -> dict:
 
 
 _AS_RUN = "; bases and re-scaling reset every step, as the authors' released trainer does (`--cadence as-run`)"
+_FACTOR_MEAN = ("; noisy (E)K-FAC's factors by the plain mean of their first 1/β updates, not the authors' exponential "
+                "average from I + TTᵀ (`--factor-average mean`)")
 
 
 def markdown(results: dict) -> str:
@@ -619,7 +629,8 @@ def markdown(results: dict) -> str:
               if results.get("settings", {}).get("validation") else "") +
              ("**The authors' recipe** (`--preset paper`, vmfdist.experiments.uci_paper; each weight sample on "
               f"{'the whole batch' if results['settings'].get('particle_batch') == 'whole' else 'a tenth of the batch'}"
-              f"{_AS_RUN if results['settings'].get('cadence') == 'as-run' else ''}). "
+              f"{_AS_RUN if results['settings'].get('cadence') == 'as-run' else ''}"
+              f"{_FACTOR_MEAN if results['settings'].get('factor_average', 'mean') == 'mean' else ''}). "
               if results.get("settings", {}).get("preset") == "paper" else "") +
              ("Mean ± standard error over the authors' 10 random 90/10 splits (seeds 1-10, as Table 1)"
               if results.get("settings", {}).get("split_protocol") == "random10" else

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from .._torch_internals import below_autograd
-from ..curvature import batch_rows, damped_kfac_eigenvalues, kfac_eigenvalues
+from ..curvature import batch_rows, damped_kfac_eigenvalues, kfac_eigenvalues, running_average_weight
 from ..linalg import kron_eigen_matvec_op as MATVEC
 from ..linalg import kron_eigen_moments_op as MOMENTS
 from ..linalg import kron_eigen_ngd_op as NGD
@@ -139,6 +139,26 @@ class StepWork:
         if self.g_out_rows[i] is not None:
             u = u + self.g_out_rows[i].T @ self.g_in_rows[i]
         return u
+
+
+def initial_factor(n: int, seed: int, layer: int, which: int, like: torch.Tensor, authors: bool) -> torch.Tensor:
+    """A running Kronecker factor's start, ``(n, n)`` in ``like``'s dtype and device: the identity (the running
+    mean's warm-up forgets it), or with ``authors`` the authors' initializer (their ``mvg_optimizer.py`` /
+    ``emvg_optimizer.py``) I + T T^T with T = 0.1 N(0, 1)^(n x n), drawn in float64 from the stream
+    mix64(seed, layer, which) (``which``: 7 for A, 8 for G), so that batched and unbatched optimizers with one
+    seed start from the same bits."""
+    eye = torch.eye(n, dtype=like.dtype, device=like.device)
+    if not authors:
+        return eye
+    t = 0.1 * torch.randn(n, n, generator=torch.Generator().manual_seed(mix64(seed, layer, which)), dtype=torch.float64)
+    return (torch.eye(n, dtype=torch.float64) + t @ t.T).to(dtype=like.dtype, device=like.device)
+
+
+def average_weight(hp: dict, beta: float, count: int) -> float:
+    """The new estimate's weight in a running factor's k-th update (``count``, from 1): ``beta`` throughout
+    with ``hp["ema_from_init"]`` (the authors' exponential average from the initial factor), else
+    :func:`~vmfdist.curvature.running_average_weight` (the plain mean for the first 1/beta updates)."""
+    return float(beta) if hp.get("ema_from_init", False) else running_average_weight(beta, count)
 
 
 def moving_average(m: Optional[torch.Tensor], u: torch.Tensor, mu: float, t: int):

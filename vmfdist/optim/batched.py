@@ -30,10 +30,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..curvature import (damped_kfac_eigenvalues, eigen_basis, require_finite, resolve_loss, running_average_weight,
+from ..curvature import (damped_kfac_eigenvalues, eigen_basis, require_finite, resolve_loss,
                          trace_norm_pi, weight_matrix)
 from ..linalg import kron_eigen_noise_keyed_op as NOISE_KEYED
-from ._step import MASK63, MIX_START, StateCache, kfac_rescaling, moving_average, plan_step
+from ._step import (MASK63, MIX_START, StateCache, average_weight, initial_factor, kfac_rescaling, moving_average,
+                    plan_step)
 from .settings import check_step_options, resolve_hyperparameters
 
 __all__ = ["BatchedNoisyKFAC", "BatchedNoisyEKFAC"]
@@ -94,7 +95,7 @@ class _BatchedNoisyKronecker:
                  T_reinit: Optional[int] = None, particles: int = 1, total_steps: Optional[int] = None,
                  lr_decay: float = 0.1, min_eigenvalue: float = 0.0, kl_clip="preset",
                  seeds: Optional[Sequence[int]] = None, momentum: Optional[float] = None,
-                 reinit_damped: Optional[bool] = None, noise: bool = True):
+                 reinit_damped: Optional[bool] = None, noise: bool = True, ema_from_init: Optional[bool] = None):
         if not (isinstance(num_data, int) and not isinstance(num_data, bool) and num_data >= 1):
             raise ValueError(f"num_data must be a positive integer (the training-set size of every member), got "
                              f"{num_data!r}")
@@ -102,7 +103,8 @@ class _BatchedNoisyKronecker:
         hp, kl_clip = resolve_hyperparameters(likelihood, preset, kl_clip, lr=lr, kl_weight=kl_weight,
                                               prior_var=prior_var, damping=damping, beta=beta, beta_scale=beta_scale,
                                               T_stats=T_stats, T_inv=T_inv, T_scale=T_scale, T_reinit=T_reinit,
-                                              momentum=momentum, reinit_damped=reinit_damped)
+                                              momentum=momentum, reinit_damped=reinit_damped,
+                                              ema_from_init=ema_from_init)
         check_step_options("mc", "expand", particles, "adam", total_steps)
         if not (isinstance(lr_decay, (int, float)) and 0 < lr_decay <= 1):
             raise ValueError(f"lr_decay must be in (0, 1], got {lr_decay!r}")
@@ -129,9 +131,11 @@ class _BatchedNoisyKronecker:
         self.means: List[torch.Tensor] = [torch.stack([weight_matrix(ls[i]) for ls in linears]).contiguous()
                                           for i in range(len(linears[0]))]
         self.state: List[dict] = []
-        for mean in self.means:
+        for i, mean in enumerate(self.means):
             out, inn = mean.shape[1:]
-            st = dict(A=torch.eye(inn, **kw).expand(E, inn, inn).clone(), G=torch.eye(out, **kw).expand(E, out, out).clone(),
+            ema = hp["ema_from_init"]
+            st = dict(A=torch.stack([initial_factor(inn, s, i, 7, w0, ema) for s in seeds]),
+                      G=torch.stack([initial_factor(out, s, i, 8, w0, ema) for s in seeds]),
                       q_a=torch.eye(inn, **kw).expand(E, inn, inn).clone(), d_a=torch.ones(E, inn, **kw),
                       q_g=torch.eye(out, **kw).expand(E, out, out).clone(), d_g=torch.ones(E, out, **kw),
                       pi=torch.ones(E, 1, **kw))
@@ -384,7 +388,7 @@ class _BatchedNoisyKronecker:
             rows.append((a[:, :c].reshape(E, B, -1), g[:, :c].reshape(E, B, -1), g[:, c:].reshape(E, B, -1)))
         states = [dict(st) for st in self.state]
         if plan.do_stats:
-            w = running_average_weight(plan.beta, self._stats_count + 1)
+            w = average_weight(self.hp, plan.beta, self._stats_count + 1)
             for st, (a, _, gst) in zip(states, rows):
                 st["A"] = torch.baddbmm(st["A"], a.mT, a, beta=1 - w, alpha=w / B)
                 st["G"] = torch.baddbmm(st["G"], gst.mT, gst, beta=1 - w, alpha=w / B)
@@ -403,7 +407,7 @@ class _BatchedNoisyKronecker:
             for st in states:
                 st["S"] = kfac_rescaling(st, self.min_eigenvalue, damping)
         if plan.do_scale:
-            w = running_average_weight(plan.beta_scale, self._scale_count + 1)
+            w = average_weight(self.hp, plan.beta_scale, self._scale_count + 1)
             for st, (a, _, gst) in zip(states, rows):
                 xp = torch.bmm(a, st["q_a"]).square_()
                 ep = torch.bmm(gst, st["q_g"]).square_()

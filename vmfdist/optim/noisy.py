@@ -52,12 +52,13 @@ from torch import nn
 
 from ..curvature import (KFACCollector, KroneckerFactor, check_output, check_targets, damped_kfac_eigenvalues,
                          eigen_basis, factor_rows, input_patches, output_gradients, output_grads, per_example_second_moments,
-                         require_finite, resolve_loss, running_average_weight, trace_norm_pi, weight_matrix)
+                         require_finite, resolve_loss, trace_norm_pi, weight_matrix)
 from ..curvature.layers import layer_shape
 from ..distributions import EigenvalueCorrectedMatrixNormal, MatrixNormal
 from ._step import (MASK63, MIX_START, MOMENTS, NGD, SAMPLE, StepPlan, StepWork, below_autograd, check_batch,
                     kfac_rescaling, moving_average, StateCache, check_labels, checkpoint, dist_info, roll_back,
-                    mix64_state, parameter_gradients, plan_step, running_gram, sample_now)
+                    mix64_state, parameter_gradients, plan_step, running_gram, sample_now, average_weight,
+                    initial_factor)
 from .settings import PRESETS, check_step_options, resolve_hyperparameters, trained_layers
 
 __all__ = ["NoisyKFAC", "NoisyEKFAC", "PRESETS"]
@@ -76,7 +77,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                  lr_decay: float = 0.1, min_eigenvalue: float = 0.0, kl_clip="preset",
                  other_optimizer: str = "adam", other_lr: Optional[float] = None, modules=None,
                  seed: Optional[int] = None, momentum: Optional[float] = None,
-                 reinit_damped: Optional[bool] = None):
+                 reinit_damped: Optional[bool] = None, ema_from_init: Optional[bool] = None):
         if num_data is None:
             raise ValueError("num_data (the global number of training examples N) is required: it sets the "
                              "intrinsic damping lambda/(N eta) and the posterior scale lambda/N")
@@ -87,7 +88,8 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         hp, kl_clip = resolve_hyperparameters(self.likelihood, preset, kl_clip, lr=lr, kl_weight=kl_weight,
                                               prior_var=prior_var, damping=damping, beta=beta, beta_scale=beta_scale,
                                               T_stats=T_stats, T_inv=T_inv, T_scale=T_scale, T_reinit=T_reinit,
-                                              momentum=momentum, reinit_damped=reinit_damped)
+                                              momentum=momentum, reinit_damped=reinit_damped,
+                                              ema_from_init=ema_from_init)
         check_step_options(fisher_type, kfac_approx, particles, other_optimizer, total_steps)
 
         self.model = model
@@ -135,13 +137,13 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         self._step = 0
         self._stats_count = 0
         self._scale_count = 0
-        for name, mod in self.layers.items():
+        for i, (name, mod) in enumerate(self.layers.items()):
             out, inn = layer_shape(mod)
             w = mod.weight
             kw = dict(dtype=w.dtype, device=w.device)
             st = self.state[mod.weight]
-            st["A"] = torch.eye(inn, **kw)
-            st["G"] = torch.eye(out, **kw)
+            st["A"] = initial_factor(inn, self.seed, i, 7, w, hp["ema_from_init"])
+            st["G"] = initial_factor(out, self.seed, i, 8, w, hp["ema_from_init"])
             st["q_a"], st["d_a"] = torch.eye(inn, **kw), torch.ones(inn, **kw)
             st["q_g"], st["d_g"] = torch.eye(out, **kw), torch.ones(out, **kw)
             st["pi"] = torch.ones((), **kw)
@@ -506,7 +508,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
         states, B, world = work.states, work.B, self._world
         if plan.do_stats:
             self._stats_count += 1
-            wgt = running_average_weight(plan.beta, self._stats_count)
+            wgt = average_weight(self.hp, plan.beta, self._stats_count)
             for i, st in enumerate(states):
                 st["A"] = running_gram(st["A"], work.a_rows[i], 1 - wgt, wgt * work.a_scale[i] / B, world, work.avg)
                 st["G"] = running_gram(st["G"], work.g_rows[i], 1 - wgt, wgt / B, world, work.avg)
@@ -518,7 +520,7 @@ class _NoisyKroneckerOptimizer(torch.optim.Optimizer):
                 st["S"] = kfac_rescaling(st, self.min_eigenvalue, damping)
         if plan.do_scale:
             self._scale_count += 1
-            wgt = running_average_weight(plan.beta_scale, self._scale_count)
+            wgt = average_weight(self.hp, plan.beta_scale, self._scale_count)
             for i, st in enumerate(states):
                 self._rescale(st, work, i, wgt)
 
@@ -654,6 +656,10 @@ class NoisyKFAC(_NoisyKroneckerOptimizer):
         momentum: :math:`\\mu \\in [0, 1)`: step along :math:`m/(1-\\mu^t)`, :math:`m \\leftarrow \\mu m + (1-\\mu)\\nabla`
             (state ``"m"``), not the gradient (default 0; the authors' regression code: 0.9).
         reinit_damped: EK-FAC's re-scaling reset to the factored-*damped* K-FAC eigenvalues (theirs).
+        ema_from_init: start the factors at :math:`I + TT^T`, :math:`T = 0.1\\,N(0, 1)` (from the
+            ``seed``'s stream), and average them (and EK-FAC's re-scaling) exponentially at the rate
+            :math:`\\beta` from there, as the authors' code does (``"uci_paper"``); default (the other
+            presets): the plain mean of the first :math:`1/\\beta` updates, which forgets the start.
         other_optimizer, other_lr: ``"adam"`` (lr 1e-3) or ``"sgd"`` (lr ``lr``) for the other
             parameters.
         seed: the weight-noise and label stream (default: drawn from torch's global generator).

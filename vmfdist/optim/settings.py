@@ -19,15 +19,19 @@ __all__ = ["PRESETS", "trained_layers", "resolve_hyperparameters", "check_step_o
 #: code runs it (docs/experiments/uci_paper_recipe.md): no extrinsic damping and no trust region, the
 #: step along a bias-corrected moving average of the gradient (m <- 0.9 m + 0.1 g), beta' = 0.01, and
 #: the re-scaling reset to the *damped* K-FAC eigenvalues, every 5 steps (the small sets' T_eig; the
-#: configs reset every 50 on the others: give T_inv / T_reinit).
+#: configs reset every 50 on the others: give T_inv / T_reinit), and the factors started at I + T T^T
+#: (T = 0.1 N(0, 1)) and averaged exponentially from there (``ema_from_init``; the other presets take the
+#: plain mean of the first 1/beta updates, which forgets the start).
 PRESETS = {
     "uci": dict(lr=0.01, beta=0.001, beta_scale=0.001, T_stats=1, T_inv=50, T_scale=1, T_reinit=50,
-                damping=1e-3, prior_var=1.0, kl_weight=1.0, kl_clip=1e-3, momentum=0.0, reinit_damped=False),
+                damping=1e-3, prior_var=1.0, kl_weight=1.0, kl_clip=1e-3, momentum=0.0, reinit_damped=False,
+                ema_from_init=False),
     "classification": dict(lr=0.01, beta=0.01, beta_scale=0.01, T_stats=10, T_inv=100, T_scale=10, T_reinit=100,
                            damping=1e-3, prior_var=1.0, kl_weight=1.0, kl_clip=1e-3, momentum=0.0,
-                           reinit_damped=False),
+                           reinit_damped=False, ema_from_init=False),
     "uci_paper": dict(lr=0.01, beta=0.001, beta_scale=0.01, T_stats=1, T_inv=5, T_scale=1, T_reinit=5,
-                      damping=0.0, prior_var=1.0, kl_weight=1.0, kl_clip=None, momentum=0.9, reinit_damped=True),
+                      damping=0.0, prior_var=1.0, kl_weight=1.0, kl_clip=None, momentum=0.9, reinit_damped=True,
+                      ema_from_init=True),
 }
 
 
@@ -56,8 +60,9 @@ def resolve_hyperparameters(likelihood: str, preset: Optional[str], kl_clip, **g
             raise ValueError(f"{k} must be in (0, 1], got {hp[k]!r}")
     if not (_real(hp["momentum"]) and 0 <= hp["momentum"] < 1):
         raise ValueError(f"momentum must be in [0, 1), got {hp['momentum']!r}")
-    if not isinstance(hp["reinit_damped"], bool):
-        raise ValueError(f"reinit_damped must be True or False, got {hp['reinit_damped']!r}")
+    for k in ("reinit_damped", "ema_from_init"):
+        if not isinstance(hp[k], bool):
+            raise ValueError(f"{k} must be True or False, got {hp[k]!r}")
     for k in ("T_stats", "T_inv", "T_scale", "T_reinit"):
         if not (isinstance(hp[k], int) and hp[k] >= 1):
             raise ValueError(f"{k} must be a positive integer, got {hp[k]!r}")
