@@ -247,7 +247,7 @@ def run(args) -> dict:
                 "limit": args.limit, "test_limit": args.test_limit, "data": info,
                 "tasks": [list(t) for t in TASKS]}
     ckpt = os.path.join(args.out, f"{STEM}.checkpoint.pt")
-    state = mnist_data.load_checkpoint(ckpt, settings) if args.resume else None
+    state = _common.load_checkpoint(ckpt, settings) if args.resume else None
     per_seed: List[dict] = list(state["seeds"]) if state else []
     current = state["current"] if state else None
     pending = state["method"] if state else None
@@ -264,7 +264,7 @@ def run(args) -> dict:
                 pending = None
 
                 def save(method_state, rec=rec):
-                    mnist_data.save_checkpoint(ckpt, {
+                    _common.save_checkpoint(ckpt, {
                         "settings": settings, "seeds": per_seed, "current": rec, "method": method_state,
                         "wall_seconds": spent + time.perf_counter() - t_all})
 

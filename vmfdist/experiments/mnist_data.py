@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from ..datasets import load_mnist
-from . import _common
 
 DATA_HELP = ("a folder holding the four MNIST IDX files (train-images-idx3-ubyte, train-labels-idx1-ubyte, "
              "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, gzip-compressed or not; or torchvision's "
@@ -72,11 +71,6 @@ def lenet5_caffe(classes: int = 10) -> nn.Sequential:
     return nn.Sequential(nn.Conv2d(1, 20, 5), nn.ReLU(), nn.MaxPool2d(2),
                          nn.Conv2d(20, 50, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
                          nn.Linear(800, 500), nn.ReLU(), nn.Linear(500, classes))
-
-
-# (kept here for the experiments that import them from this module)
-save_checkpoint = _common.save_checkpoint
-load_checkpoint = _common.load_checkpoint
 
 
 def rng_state() -> dict:

@@ -135,7 +135,7 @@ def train(net: str, seed: int, x: torch.Tensor, y: torch.Tensor, epochs: int, an
         model, num_data=n, kl_weight=lambda s: min(s, anneal) / anneal if anneal else 1.0, check_finite=False)
     rec = {"epoch": 0, "step": 0, "best_state": None, "best_xent": math.inf, "best_epoch": None, "log": [],
            "train_seconds": 0.0}
-    state = mnist_data.load_checkpoint(checkpoint, settings) if resume else None
+    state = _common.load_checkpoint(checkpoint, settings) if resume else None
     if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
@@ -175,7 +175,7 @@ def train(net: str, seed: int, x: torch.Tensor, y: torch.Tensor, epochs: int, an
             rec.update(best_state=copy.deepcopy(model.state_dict()), best_xent=entry["cross_entropy"],
                        best_epoch=epoch + 1)
         rec["epoch"] = epoch + 1
-        mnist_data.save_checkpoint(checkpoint, {"settings": settings, "model": model.state_dict(),
+        _common.save_checkpoint(checkpoint, {"settings": settings, "model": model.state_dict(),
                                                 "optimizer": opt.state_dict(), "rng": mnist_data.rng_state(),
                                                 "batch_rng": gen.get_state(), "record": rec})
         sys.stderr.write(f"mnist-pruning seed {seed} {net:<13} epoch {epoch + 1}/{epochs}: loss {entry['loss']:.4f}, "

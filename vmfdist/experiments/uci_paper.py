@@ -83,23 +83,32 @@ class Checkpoint:
         _common.save_checkpoint(self.path, dict(state, settings=self.settings, epoch=epoch))
 
 
-def _rng_states(gens: List[torch.Generator]) -> List[torch.Tensor]:
-    return [g.get_state() for g in gens]
+#: A task's checkpointed state: entry name -> (get, set), the getter's value saved, handed to the setter on resume.
+Parts = Dict[str, Tuple[Callable[[], object], Callable[[object], None]]]
 
 
-def _set_rng_states(gens: List[torch.Generator], states: List[torch.Tensor]) -> None:
-    for g, st in zip(gens, states):
-        g.set_state(st)
-
-
-def _restore(checkpoint: Optional[Checkpoint], setters: Dict[str, Callable]) -> int:
+def _restore(checkpoint: Optional[Checkpoint], parts: Parts) -> int:
     """The epoch to start from: 0, or the checkpoint's, after handing each saved entry to its setter."""
     saved = None if checkpoint is None else checkpoint.load()
     if saved is None:
         return 0
-    for key, setter in setters.items():
+    for key, (_, setter) in parts.items():
         setter(saved[key])
     return saved["epoch"]
+
+
+def _save(checkpoint: Optional[Checkpoint], epoch: int, parts: Parts) -> None:
+    if checkpoint is not None:
+        checkpoint.save(epoch, {key: getter() for key, (getter, _) in parts.items()})
+
+
+def _rng_part(gens: List[torch.Generator]):
+    """The (get, set) of the generators' states, one per member."""
+    def set_states(states):
+        for g, st in zip(gens, states):
+            g.set_state(st)
+
+    return (lambda: [g.get_state() for g in gens], set_states)
 
 
 def _glorot_mlp(d: int, hidden: int, seed: int) -> nn.Sequential:
@@ -244,10 +253,9 @@ def train_noisy(splits: List[Split], ekfac: bool, epochs: int, seeds: List[int],
     gens = _streams(seeds, 2)
     tau_gens = _streams(seeds, 3)
     rows = torch.arange(E)[:, None]
-    start = _restore(checkpoint, {"optimizer": opt.load_state_dict, "noise": noise.load_state_dict,
-                                  "batch_rng": lambda st: _set_rng_states(gens, st),
-                                  "tau_rng": lambda st: _set_rng_states(tau_gens, st)})
-    for epoch in range(start, epochs):
+    parts = {"optimizer": (opt.state_dict, opt.load_state_dict), "noise": (noise.state_dict, noise.load_state_dict),
+             "batch_rng": _rng_part(gens), "tau_rng": _rng_part(tau_gens)}
+    for epoch in range(_restore(checkpoint, parts), epochs):
         for idx in _batches(n, batch, gens):
             xb, yb = X[rows, idx], Y[rows, idx]
             if particle_batch == "whole":
@@ -259,9 +267,7 @@ def train_noisy(splits: List[Split], ekfac: bool, epochs: int, seeds: List[int],
             tau = noise.sample(P, tau_gens)
             opt.step(xb, yb, precision=tau.to(DT))
             noise.update(opt.last_sq_error)
-        if checkpoint is not None:
-            checkpoint.save(epoch + 1, {"optimizer": opt.state_dict(), "noise": noise.state_dict(),
-                                        "batch_rng": _rng_states(gens), "tau_rng": _rng_states(tau_gens)})
+        _save(checkpoint, epoch + 1, parts)
     S = PAPER["test_samples"]
     Xt = torch.stack([s.x_test for s in splits]).to(DT)
     f = opt.predict(Xt, S, _streams(seeds, 4))[..., 0]  # (E, S, N)
@@ -303,16 +309,16 @@ def train_bbb(splits: List[Split], epochs: int, seeds: List[int], particle_batch
         return (nn.functional.pad(h.relu(), (0, 1), value=1.0) @ ws[1].mT)[..., 0]
 
     params = mus + rhos + [log_a, log_b]
+
     def set_params(values):
         with torch.no_grad():
             for t, v in zip(params, values):
                 t.copy_(v)
 
-    start = _restore(checkpoint, {"params": set_params, "optimizer": opt.load_state_dict,
-                                  "scheduler": sched.load_state_dict,
-                                  "batch_rng": lambda st: _set_rng_states(gens, st),
-                                  "noise_rng": lambda st: _set_rng_states(noise_gens, st)})
-    for epoch in range(start, epochs):
+    parts = {"params": (lambda: [t.detach().clone() for t in params], set_params),
+             "optimizer": (opt.state_dict, opt.load_state_dict), "scheduler": (sched.state_dict, sched.load_state_dict),
+             "batch_rng": _rng_part(gens), "noise_rng": _rng_part(noise_gens)}
+    for epoch in range(_restore(checkpoint, parts), epochs):
         for idx in _batches(n, batch, gens):
             xb, yb = X[rows, idx], Y[rows, idx]
             if particle_batch == "whole":
@@ -332,10 +338,7 @@ def train_bbb(splits: List[Split], epochs: int, seeds: List[int], particle_batch
             loss.backward()
             opt.step()
             sched.step()
-        if checkpoint is not None:
-            checkpoint.save(epoch + 1, {"params": [t.detach().clone() for t in params], "optimizer": opt.state_dict(),
-                                        "scheduler": sched.state_dict(), "batch_rng": _rng_states(gens),
-                                        "noise_rng": _rng_states(noise_gens)})
+        _save(checkpoint, epoch + 1, parts)
     S = PAPER["test_samples"]
     with torch.no_grad():
         Xt = torch.stack([s.x_test for s in splits]).to(DT)

@@ -147,9 +147,8 @@ def initial_factor(n: int, seed: int, layer: int, which: int, like: torch.Tensor
     ``emvg_optimizer.py``) I + T T^T with T = 0.1 N(0, 1)^(n x n), drawn in float64 from the stream
     mix64(seed, layer, which) (``which``: 7 for A, 8 for G), so that batched and unbatched optimizers with one
     seed start from the same bits."""
-    eye = torch.eye(n, dtype=like.dtype, device=like.device)
     if not authors:
-        return eye
+        return torch.eye(n, dtype=like.dtype, device=like.device)
     t = 0.1 * torch.randn(n, n, generator=torch.Generator().manual_seed(mix64(seed, layer, which)), dtype=torch.float64)
     return (torch.eye(n, dtype=torch.float64) + t @ t.T).to(dtype=like.dtype, device=like.device)
 
